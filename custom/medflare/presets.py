@@ -1,0 +1,117 @@
+"""Named presets: dataset, model and training settings that a job selects by name.
+
+A job config says ``"preset": "seg_synthetic"`` and may override any key with ``"overrides"``;
+paper-scale settings are therefore a preset away, not a code change. Both the server (to build the
+initial model) and the clients (to build data, model and optimiser) resolve the same preset, so the
+two sides cannot disagree on the architecture.
+
+Keys of a preset:
+    data:   passed to :func:`medflare.data.load_site` (``kind`` picks the dataset family; see there).
+    model:  ``{"name": ..., "args": {...}}`` passed to :func:`medflare.nets.build_model`.
+    train:  local training: ``epochs`` (local epochs per round), ``batch_size``, ``lr``,
+            ``optimizer`` ("adam" | "sgd"), ``loss`` ("dice" | "dicece" | "ce"), ``max_steps``
+            (cap on local steps per round, 0 = no cap), ``num_workers``.
+    eval:   ``metrics`` reported each round (names from :mod:`medflare.metrics`), ``key_metric``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping
+
+from medflare import MedflareError
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Laptop default: 64x64 synthetic fundus-like sites, 2 foreground classes (disc rim, cup).
+    "seg_synthetic": {
+        "data": {"kind": "synthetic_seg", "image_size": 64, "num_classes": 3, "seed": 0, "scale": 1.0},
+        "model": {
+            "name": "unet",
+            "args": {"in_channels": 1, "out_channels": 3, "channels": [8, 16, 32, 64], "strides": [2, 2, 2]},
+        },
+        "train": {"epochs": 1, "batch_size": 8, "lr": 3e-3, "optimizer": "adam", "loss": "dice", "max_steps": 0},
+        "eval": {"metrics": ["dice", "dice_c1", "dice_c2"], "key_metric": "dice"},
+    },
+    # Tiny variant for end-to-end tests on a 2-core CPU.
+    "seg_synthetic_tiny": {
+        "data": {"kind": "synthetic_seg", "image_size": 32, "num_classes": 3, "seed": 0, "scale": 0.25},
+        "model": {
+            "name": "unet",
+            "args": {"in_channels": 1, "out_channels": 3, "channels": [8, 16, 32], "strides": [2, 2]},
+        },
+        "train": {"epochs": 2, "batch_size": 8, "lr": 5e-3, "optimizer": "adam", "loss": "dice", "max_steps": 0},
+        "eval": {"metrics": ["dice"], "key_metric": "dice"},
+    },
+    # FedSM paper scale (256x256, reference UNet 16..256 with 2 residual units, batch 1, 100 rounds).
+    "seg_paper": {
+        "data": {"kind": "synthetic_seg", "image_size": 256, "num_classes": 3, "seed": 0, "scale": 1.0},
+        "model": {
+            "name": "unet",
+            "args": {
+                "in_channels": 1,
+                "out_channels": 3,
+                "channels": [16, 32, 64, 128, 256],
+                "strides": [2, 2, 2, 2],
+                "num_res_units": 2,
+            },
+        },
+        "train": {"epochs": 1, "batch_size": 1, "lr": 1e-3, "optimizer": "adam", "loss": "dice", "max_steps": 0},
+        "eval": {"metrics": ["dice", "dice_c1", "dice_c2", "hd95"], "key_metric": "dice"},
+    },
+    # Classification: 10 synthetic classes, 28x28, Dirichlet(beta) label skew over 10 sites.
+    "cls_synthetic": {
+        "data": {
+            "kind": "synthetic_cls",
+            "image_size": 28,
+            "channels": 1,
+            "num_classes": 10,
+            "num_sites": 10,
+            "beta": 0.1,
+            "style_shift": True,
+            "seed": 0,
+            "scale": 1.0,
+        },
+        "model": {"name": "convnet", "args": {"in_channels": 1, "num_classes": 10, "image_size": 28}},
+        "train": {"epochs": 1, "batch_size": 64, "lr": 1e-2, "optimizer": "sgd", "loss": "ce", "max_steps": 0},
+        "eval": {"metrics": ["accuracy"], "key_metric": "accuracy"},
+    },
+    # Classification on a site's own MedMNIST-layout .npz (MEDFLARE_DATA/<site>.npz).
+    "cls_medmnist": {
+        "data": {"kind": "npz", "num_classes": 10, "channels": 1},
+        "model": {"name": "convnet", "args": {"in_channels": 1, "num_classes": 10, "image_size": 28}},
+        "train": {"epochs": 1, "batch_size": 64, "lr": 1e-2, "optimizer": "sgd", "loss": "ce", "max_steps": 0},
+        "eval": {"metrics": ["accuracy"], "key_metric": "accuracy"},
+    },
+    # Segmentation on a site's own Decathlon datalist (MEDFLARE_DATA/<site>.json).
+    "seg_datalist": {
+        "data": {"kind": "datalist", "num_classes": 3},
+        "model": {
+            "name": "unet",
+            "args": {"in_channels": 1, "out_channels": 3, "channels": [16, 32, 64, 128], "strides": [2, 2, 2]},
+        },
+        "train": {"epochs": 1, "batch_size": 4, "lr": 1e-3, "optimizer": "adam", "loss": "dice", "max_steps": 0},
+        "eval": {"metrics": ["dice", "hd95"], "key_metric": "dice"},
+    },
+}
+
+
+def _merge(base: dict, overrides: Mapping, where: str) -> dict:
+    for key, value in overrides.items():
+        if key not in base:
+            raise MedflareError(f"unknown config key '{where}{key}' (known: {sorted(base)})")
+        if isinstance(base[key], dict) and isinstance(value, Mapping) and key != "args":
+            _merge(base[key], value, f"{where}{key}.")
+        else:
+            base[key] = copy.deepcopy(value)
+    return base
+
+
+def get_preset(name: str, overrides: Mapping | None = None) -> dict[str, Any]:
+    """Return a deep copy of preset ``name`` with ``overrides`` merged in (nested dicts merge key by key).
+
+    Raises MedflareError naming the preset or the key when either is unknown; ``model.args`` is replaced
+    as a whole because its keys depend on the network.
+    """
+    if name not in PRESETS:
+        raise MedflareError(f"unknown preset '{name}' (known: {sorted(PRESETS)})")
+    return _merge(copy.deepcopy(PRESETS[name]), overrides or {}, "")

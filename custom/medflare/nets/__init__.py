@@ -1,0 +1,22 @@
+"""Model builders: MONAI networks first, plus the small classifiers the papers' references use.
+
+``build_model(name, **args)`` is the one entry point a preset or job config uses; the classes are
+exported for code that needs ``.features()`` / ``.classifier`` (FedVCK, FedIOD, FedSM selector).
+"""
+
+from medflare.nets.convnet import ConvNet
+from medflare.nets.factory import MODEL_NAMES, build_model, build_unet, count_parameters
+from medflare.nets.resnet import BasicBlock, ResNet8, ResNet18
+from medflare.nets.vgg import VGG11Selector
+
+__all__ = [
+    "MODEL_NAMES",
+    "BasicBlock",
+    "ConvNet",
+    "ResNet8",
+    "ResNet18",
+    "VGG11Selector",
+    "build_model",
+    "build_unet",
+    "count_parameters",
+]

@@ -1,0 +1,108 @@
+"""One model builder by name, so that a preset's ``{"name": ..., "args": {...}}`` builds the network."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torch import nn
+
+from medflare import MedflareError
+from medflare.nets.convnet import ConvNet
+from medflare.nets.resnet import ResNet8, ResNet18
+from medflare.nets.vgg import VGG11Selector
+
+__all__ = ["MODEL_NAMES", "build_model", "count_parameters", "build_unet"]
+
+
+def build_unet(
+    in_channels: int,
+    out_channels: int,
+    channels: Sequence[int],
+    strides: Sequence[int],
+    num_res_units: int = 1,
+    norm: str = "instance",
+    dropout: float = 0.0,
+    spatial_dims: int = 2,
+) -> nn.Module:
+    """MONAI ``UNet`` for segmentation; outputs (B, out_channels, H, W) logits (softmax classes, 0 = background).
+
+    Instance norm by default (no BatchNorm), as in the FedSM reference: BN running statistics are a
+    poor fit for non-IID sites and batch size 1. H and W must be divisible by ``prod(strides)``.
+
+    Args:
+        in_channels: image channels. out_channels: number of classes including background.
+        channels: feature channels per level, e.g. [16, 32, 64, 128, 256].
+        strides: one stride per down-sampling, ``len(channels) - 1`` entries, e.g. [2, 2, 2, 2].
+        num_res_units: residual units per level (default 1). norm: MONAI norm name (default "instance").
+        dropout: dropout probability (default 0). spatial_dims: 2 or 3 (default 2).
+    """
+    from monai.networks.nets import UNet
+
+    for key, value in (("in_channels", in_channels), ("out_channels", out_channels)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise MedflareError(f"unet: '{key}' must be a positive int, got {value!r}")
+    if not isinstance(channels, Sequence) or len(channels) < 2 or not all(isinstance(c, int) and c > 0 for c in channels):
+        raise MedflareError(f"unet: 'channels' must be a list of >= 2 positive ints, got {channels!r}")
+    if not isinstance(strides, Sequence) or len(strides) != len(channels) - 1 or not all(
+        isinstance(s, int) and s > 0 for s in strides
+    ):
+        raise MedflareError(
+            f"unet: 'strides' must be a list of len(channels) - 1 = {len(channels) - 1} positive ints, got {strides!r}"
+        )
+    if not isinstance(num_res_units, int) or num_res_units < 0:
+        raise MedflareError(f"unet: 'num_res_units' must be a non-negative int, got {num_res_units!r}")
+    if spatial_dims not in (2, 3):
+        raise MedflareError(f"unet: 'spatial_dims' must be 2 or 3, got {spatial_dims!r}")
+    if not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise MedflareError(f"unet: 'dropout' must be in [0, 1), got {dropout!r}")
+    try:
+        return UNet(
+            spatial_dims=spatial_dims,
+            in_channels=in_channels,
+            out_channels=out_channels,
+            channels=list(channels),
+            strides=list(strides),
+            num_res_units=num_res_units,
+            norm=norm,
+            dropout=dropout,
+        )
+    except (KeyError, ValueError, TypeError) as e:
+        raise MedflareError(f"unet: bad 'norm'={norm!r}: {e}") from e
+
+
+_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    "unet": build_unet,
+    "convnet": ConvNet,
+    "resnet8": ResNet8,
+    "resnet18": ResNet18,
+    "vgg11_selector": VGG11Selector,
+}
+
+#: Names accepted by :func:`build_model`.
+MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+
+
+def build_model(name: str, **args: Any) -> nn.Module:
+    """Build network ``name`` from config ``args`` (the ``model`` entry of a preset).
+
+    Raises MedflareError naming the model, a missing or unknown argument, or a bad value, so a wrong
+    job config fails with a readable message at start-up rather than deep in torch.
+    """
+    if name not in _BUILDERS:
+        raise MedflareError(f"unknown model name '{name}' (known: {list(MODEL_NAMES)})")
+    builder = _BUILDERS[name]
+    params = inspect.signature(builder).parameters
+    unknown = sorted(set(args) - set(params))
+    if unknown:
+        raise MedflareError(f"model '{name}': unknown argument(s) {unknown} (accepted: {list(params)})")
+    missing = [k for k, p in params.items() if p.default is inspect.Parameter.empty and k not in args]
+    if missing:
+        raise MedflareError(f"model '{name}': missing required argument(s) {missing}")
+    return builder(**args)
+
+
+def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
+    """Number of parameters of ``model`` (all of them, or only those with requires_grad)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)

@@ -1,0 +1,89 @@
+"""Unit tests of medflare.nets: every named model builds, has the right output shape and a sane size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from medflare import MedflareError
+from medflare.nets import MODEL_NAMES, build_model, count_parameters
+
+CLS_ARGS = {
+    "convnet": lambda s: {"in_channels": 1, "num_classes": 10, "image_size": s},
+    "resnet8": lambda s: {"in_channels": 1, "num_classes": 10, "widths": [16, 32, 64]},
+    "resnet18": lambda s: {"in_channels": 1, "num_classes": 10},
+    "vgg11_selector": lambda s: {"in_channels": 1, "num_classes": 10},
+}
+
+
+def test_model_names_cover_all_builders():
+    assert set(MODEL_NAMES) == {"unet", *CLS_ARGS}
+
+
+@pytest.mark.parametrize("size", [28, 32, 64])
+@pytest.mark.parametrize("name", sorted(CLS_ARGS))
+def test_classifier_forward_shape_and_features(name, size):
+    torch.manual_seed(0)
+    model = build_model(name, **CLS_ARGS[name](size)).eval()
+    x = torch.randn(2, 1, size, size)
+    with torch.no_grad():
+        logits = model(x)
+        feats = model.features(x)
+        assert logits.shape == (2, 10)
+        assert feats.shape == (2, model.feature_dim)
+        torch.testing.assert_close(model.classifier(feats), logits)
+
+
+@pytest.mark.parametrize("size", [32, 64])
+def test_unet_forward_shape(size):
+    model = build_model("unet", in_channels=1, out_channels=3, channels=[8, 16, 32], strides=[2, 2]).eval()
+    with torch.no_grad():
+        assert model(torch.randn(2, 1, size, size)).shape == (2, 3, size, size)
+    assert not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def test_convnet_feature_size_matches_hand_computation():
+    # 28 -> 14 -> 7 -> 3: 128 * 3 * 3 = 1152; reference padding 3: 32 -> 4x4: 2048
+    assert build_model("convnet", in_channels=1, num_classes=10, image_size=28).feature_dim == 1152
+    assert build_model("convnet", in_channels=1, num_classes=10, image_size=32).feature_dim == 2048
+    ref = build_model("convnet", in_channels=1, num_classes=10, image_size=28, first_padding=3)
+    assert ref.feature_dim == 2048
+    assert count_parameters(ref) == 317_706  # FedVCK reference reports ~318K
+
+
+@pytest.mark.parametrize(
+    "name,args,low,high",
+    [
+        ("unet", {"in_channels": 1, "out_channels": 3, "channels": [16, 32, 64, 128, 256], "strides": [2, 2, 2, 2], "num_res_units": 2}, 1.5e6, 1.7e6),
+        ("convnet", {"in_channels": 1, "num_classes": 10}, 2.5e5, 3.5e5),
+        ("resnet8", {"in_channels": 3, "num_classes": 10}, 4e6, 6e6),
+        ("resnet18", {"in_channels": 3, "num_classes": 10}, 1.05e7, 1.2e7),
+        ("vgg11_selector", {"in_channels": 1, "num_classes": 4}, 1e5, 2e6),
+    ],
+)
+def test_parameter_counts_in_sane_range(name, args, low, high):
+    assert low <= count_parameters(build_model(name, **args)) <= high
+
+
+def test_vgg11_default_is_small_and_reference_head_is_huge_in_principle():
+    default = build_model("vgg11_selector", in_channels=1, num_classes=4)
+    assert count_parameters(default) < 2_000_000
+    full_width = build_model("vgg11_selector", in_channels=1, num_classes=4, width=1.0)
+    assert count_parameters(full_width) > 9_000_000  # conv stack of VGG-11 alone is ~9.2M
+
+
+def test_unknown_name_and_bad_args_raise_medflare_error():
+    with pytest.raises(MedflareError, match="unknown model name 'vgg19'"):
+        build_model("vgg19")
+    with pytest.raises(MedflareError, match="unknown argument.*'kernel'"):
+        build_model("convnet", in_channels=1, num_classes=10, kernel=5)
+    with pytest.raises(MedflareError, match="missing required.*'num_classes'"):
+        build_model("resnet8", in_channels=1)
+    with pytest.raises(MedflareError, match="'strides'"):
+        build_model("unet", in_channels=1, out_channels=2, channels=[8, 16, 32], strides=[2])
+    with pytest.raises(MedflareError, match="'image_size'"):
+        build_model("convnet", in_channels=1, num_classes=10, image_size=4)
+    with pytest.raises(MedflareError, match="'width'"):
+        build_model("vgg11_selector", in_channels=1, num_classes=3, width=0)
+    with pytest.raises(MedflareError, match="'widths'"):
+        build_model("resnet8", in_channels=1, num_classes=3, widths=[16, 32])

@@ -1,0 +1,93 @@
+"""Client of the FedAvg, FedProx and SCAFFOLD jobs: validate the global model, train, return a weight diff."""
+
+from __future__ import annotations
+
+from nvflare.apis.fl_constant import FLMetaKey
+from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import Shareable
+from nvflare.apis.signal import Signal
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.app_constant import AlgorithmConstants
+from nvflare.app_common.utils.fl_model_utils import FLModelUtils
+
+from medflare.baselines.corrections import ScaffoldState, fedprox_term
+from medflare.common.payload import check_finite, load_numpy_state, state_to_numpy, weight_diff
+from medflare.common.site_executor import SiteExecutor
+from medflare.common.training import make_loss, make_optimizer, train_epochs
+
+
+class SupervisedExecutor(SiteExecutor):
+    """Local supervised training for weight-averaging workflows (FLARE's FedAvg and Scaffold controllers).
+
+    Each "train" task: load the received global model, score it on the site's validation split (reported
+    to the server as the round's metrics and to TensorBoard), train ``train.epochs`` local epochs, and
+    return the update as a WEIGHT_DIFF so that FLARE's privacy filters apply. The site's weight in the
+    average is its number of training cases (FLMetaKey.NUM_STEPS_CURRENT_ROUND), as in FedAvg.
+
+    FedProx and SCAFFOLD are switched on by the server's task meta (see :mod:`.corrections`).
+    Model, optimiser (its Adam moments included) and SCAFFOLD controls persist across rounds.
+
+    Args: see :class:`medflare.common.site_executor.SiteExecutor`; ``train_task`` names the task. Default "train".
+    """
+
+    def __init__(self, *args, train_task: str = "train", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register_task(train_task, self.train)
+        self.model = None
+        self.optimizer = None
+        self.scaffold: ScaffoldState | None = None
+
+    def setup(self, fl_ctx: FLContext) -> None:
+        train = self.cfg["train"]
+        self.model = self.new_model()
+        self.optimizer = make_optimizer(train["optimizer"], self.model.parameters(), train["lr"])
+        self.loss_fn = make_loss(train["loss"], self.data.task)
+
+    def train(self, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
+        incoming = FLModelUtils.from_shareable(shareable)
+        rnd = int(incoming.current_round or 0)
+        load_numpy_state(self.model, incoming.params)
+        sent = state_to_numpy(self.model)
+
+        metrics = self.validate(self.model)
+        self.tracker.scalars(fl_ctx, metrics, rnd, prefix="val_global/")
+        self.log_overlays(fl_ctx, self.model, "val_global", rnd, incoming.total_rounds)
+        self.log_info(fl_ctx, f"round {rnd}: global model on '{self.site}' validation: {_fmt(metrics)}")
+
+        train = self.cfg["train"]
+        meta = incoming.meta or {}
+        extra_loss = after_step = None
+        mu = meta.get(AlgorithmConstants.FEDPROX_MU)
+        if mu:
+            extra_loss = fedprox_term(self.model, float(mu))
+        controls = meta.get(AlgorithmConstants.SCAFFOLD_CTRL_GLOBAL)
+        if controls is not None:
+            self.scaffold = self.scaffold or ScaffoldState(self.model)
+            after_step = self.scaffold.begin_round(self.model, controls, train["lr"])
+
+        stats = train_epochs(
+            self.model,
+            self.loader("train", shuffle=True, round_num=rnd),
+            self.loss_fn,
+            self.optimizer,
+            epochs=train["epochs"],
+            device=self.device,
+            max_steps=train.get("max_steps", 0),
+            extra_loss=extra_loss,
+            after_step=after_step,
+            should_stop=lambda: abort_signal.triggered,
+        )
+        self.tracker.scalars(fl_ctx, {"train_loss": stats.mean_loss}, rnd)
+        self.log_info(fl_ctx, f"round {rnd}: {stats.steps} local steps, mean loss {stats.mean_loss:.4f}")
+
+        diff = weight_diff(state_to_numpy(self.model), sent)
+        check_finite(diff, self.site)
+        out_meta = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: len(self.data.train)}
+        if controls is not None:
+            out_meta[AlgorithmConstants.SCAFFOLD_CTRL_DIFF] = self.scaffold.end_round(self.model)
+        result = FLModel(params_type=ParamsType.DIFF, params=diff, metrics=metrics, meta=out_meta, current_round=rnd)
+        return FLModelUtils.to_shareable(result)
+
+
+def _fmt(metrics: dict) -> str:
+    return ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())

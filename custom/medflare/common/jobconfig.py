@@ -1,0 +1,63 @@
+"""Copy a job folder with settings changed: preset, rounds, site count, filters (tests, benchmarks, CLI).
+
+A job folder stays the one source of truth for how a job is wired; this only rewrites the values a
+user would edit by hand (``preset``/``overrides`` of every medflare component, the workflow's
+``num_rounds``/``num_clients``) so that the same job runs tiny in tests and large in benchmarks.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from medflare import MedflareError
+
+
+def _components(config: dict) -> Iterable[dict]:
+    for section in ("workflows", "components"):
+        yield from config.get(section, [])
+    for entry in config.get("executors", []):
+        yield entry["executor"]
+
+
+def customize_job(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    preset: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    workflow_args: Mapping[str, Any] | None = None,
+    executor_args: Mapping[str, Any] | None = None,
+    task_result_filters: list[dict] | None = None,
+) -> Path:
+    """Copy job ``src`` to ``dst`` and set the given values in every app's configs; returns ``dst``.
+
+    ``preset``/``overrides`` go to every medflare component that takes them (persistor and executors),
+    ``workflow_args`` (e.g. num_rounds, num_clients) to every workflow, ``executor_args`` to every executor,
+    ``task_result_filters`` replaces the client configs' result filters.
+    """
+    src, dst = Path(src), Path(dst)
+    if not (src / "meta.json").is_file():
+        raise MedflareError(f"'{src}' is not a FLARE job folder (no meta.json)")
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    for path in dst.glob("*/config/config_fed_*.json"):
+        config = json.loads(path.read_text())
+        for comp in _components(config):
+            args = comp.setdefault("args", {})
+            if comp.get("path", "").startswith("medflare.") and "preset" in args:
+                if preset is not None:
+                    args["preset"] = preset
+                if overrides is not None:
+                    args["overrides"] = dict(overrides)
+        for wf in config.get("workflows", []):
+            wf.setdefault("args", {}).update(workflow_args or {})
+        for entry in config.get("executors", []):
+            entry["executor"].setdefault("args", {}).update(executor_args or {})
+        if task_result_filters is not None and path.name == "config_fed_client.json":
+            config["task_result_filters"] = task_result_filters
+        path.write_text(json.dumps(config, indent=2))
+    return dst

@@ -1,0 +1,82 @@
+"""Model weights on the wire: torch state dicts <-> flat dicts of numpy arrays, diffs and checks.
+
+FLARE's privacy filters (PercentilePrivacy, SVTPrivacy, ExcludeVars) operate on flat dicts of numpy
+arrays inside WEIGHTS / WEIGHT_DIFF DXOs, so everything that leaves a site goes through here. Jobs with
+several models flatten them with a prefix per model (``global.``, ``person.``, ``select.``) so one
+WEIGHT_DIFF DXO carries all of them and the stock filters still apply.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from medflare import MedflareError
+
+
+def state_to_numpy(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    """Every entry of ``model.state_dict()`` (parameters and buffers) as a CPU float/int numpy array."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def load_numpy_state(model: torch.nn.Module, params: Mapping[str, np.ndarray], who: str = "server") -> None:
+    """Load a flat dict of arrays into ``model``, raising MedflareError that names missing, extra or mis-shaped keys.
+
+    ``who`` names the sender in the message (the usual cause is a server and client configured with
+    different presets or model arguments).
+    """
+    own = model.state_dict()
+    missing = sorted(set(own) - set(params))
+    extra = sorted(set(params) - set(own))
+    wrong = sorted(k for k in set(own) & set(params) if tuple(np.shape(params[k])) != tuple(own[k].shape))
+    if missing or extra or wrong:
+        detail = "; ".join(
+            f"{name}: {keys[:5]}{' ...' if len(keys) > 5 else ''}"
+            for name, keys in (("missing keys", missing), ("unexpected keys", extra), ("shape mismatch", wrong))
+            if keys
+        )
+        raise MedflareError(
+            f"the model received from {who} does not match the local model ({detail}); "
+            "the server's persistor and the clients' executor must use the same preset and model args"
+        )
+    model.load_state_dict(
+        {k: torch.as_tensor(np.asarray(params[k])).to(own[k].dtype) for k in own}, strict=True
+    )
+
+
+def weight_diff(after: Mapping[str, np.ndarray], before: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``after - before`` key by key (integer buffers such as BatchNorm's num_batches_tracked included)."""
+    return {k: np.asarray(after[k]) - np.asarray(before[k]) for k in after}
+
+
+def check_finite(params: Mapping[str, np.ndarray], site: str) -> None:
+    """Refuse to send a NaN/Inf update: it would poison the global model at every site."""
+    bad = [k for k, v in params.items() if np.issubdtype(np.asarray(v).dtype, np.floating) and not np.isfinite(v).all()]
+    if bad:
+        raise MedflareError(f"site '{site}': the local update has NaN/Inf values in {bad[:5]}; lower the learning rate")
+
+
+def flatten(models: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """``{"global": {...}, "select": {...}}`` -> ``{"global.w": ..., "select.w": ...}`` for one DXO."""
+    for prefix in models:
+        if "." in prefix:
+            raise MedflareError(f"model prefix '{prefix}' must not contain '.'")
+    return {f"{prefix}.{k}": v for prefix, params in models.items() for k, v in params.items()}
+
+
+def unflatten(params: Mapping[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
+    """Inverse of :func:`flatten`."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for key, value in params.items():
+        prefix, sep, rest = key.partition(".")
+        if not sep:
+            raise MedflareError(f"payload key '{key}' has no model prefix (expected '<model>.<param>')")
+        out.setdefault(prefix, {})[rest] = value
+    return out
+
+
+def nbytes(params: Mapping[str, np.ndarray]) -> int:
+    """Bytes of the arrays in a payload (what a round costs on the wire, before serialisation overhead)."""
+    return int(sum(np.asarray(v).nbytes for v in params.values()))

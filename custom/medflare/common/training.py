@@ -1,0 +1,119 @@
+"""The local training loop every algorithm shares: losses, optimisers and epochs over a site's data.
+
+Plain torch, no FLARE: algorithms add their own terms through ``extra_loss`` (FedProx's proximal term)
+and ``after_step`` (SCAFFOLD's control-variate correction) instead of copying the loop.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+from monai.losses import DiceCELoss, DiceLoss
+from torch.utils.data import DataLoader, Dataset
+
+from medflare import MedflareError
+
+LOSSES = ("dice", "dicece", "ce")
+OPTIMIZERS = ("adam", "sgd")
+
+
+def make_loss(name: str, task: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Loss by name. Segmentation: logits (B,C,H,W) vs labels (B,1,H,W); classification: logits (B,C) vs (B,).
+
+    "dice" is MONAI's soft Dice over softmax classes (background included, as in the FedSM reference),
+    "dicece" adds cross-entropy, "ce" is cross-entropy alone.
+    """
+    if name not in LOSSES:
+        raise MedflareError(f"unknown loss '{name}' in train.loss (known: {list(LOSSES)})")
+    if task == "classification":
+        if name != "ce":
+            raise MedflareError(f"train.loss '{name}' is a segmentation loss; classification uses 'ce'")
+        return torch.nn.CrossEntropyLoss()
+    if name == "dice":
+        return DiceLoss(to_onehot_y=True, softmax=True)
+    if name == "dicece":
+        return DiceCELoss(to_onehot_y=True, softmax=True)
+    ce = torch.nn.CrossEntropyLoss()
+    return lambda logits, label: ce(logits, label[:, 0].long())
+
+
+def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """Adam (the segmentation default) or SGD with momentum 0.9 (the classification default)."""
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=5e-4)
+    raise MedflareError(f"unknown optimizer '{name}' in train.optimizer (known: {list(OPTIMIZERS)})")
+
+
+def make_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int = 0) -> DataLoader:
+    """A DataLoader with a seeded shuffle so that reruns of a job see the same batches."""
+    generator = torch.Generator().manual_seed(seed)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, num_workers=0)
+
+
+@dataclass
+class TrainStats:
+    """What one call of :func:`train_epochs` did: optimiser steps, samples seen and the per-step losses."""
+
+    steps: int = 0
+    samples: int = 0
+    losses: list[float] = field(default_factory=list)
+
+    @property
+    def mean_loss(self) -> float:
+        return float(sum(self.losses) / len(self.losses)) if self.losses else math.nan
+
+
+def train_epochs(
+    model: torch.nn.Module,
+    loader: DataLoader,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    *,
+    epochs: int,
+    device: torch.device | str = "cpu",
+    max_steps: int = 0,
+    extra_loss: Callable[[torch.nn.Module], torch.Tensor] | None = None,
+    after_step: Callable[[torch.nn.Module], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> TrainStats:
+    """Train ``model`` for ``epochs`` passes over ``loader`` (at most ``max_steps`` steps if > 0).
+
+    ``extra_loss(model)`` is added to the data loss (e.g. FedProx); ``after_step(model)`` runs after each
+    optimiser step (e.g. SCAFFOLD); ``should_stop()`` lets FLARE's abort signal end the loop early.
+    A non-finite loss raises MedflareError instead of silently producing a NaN model.
+    """
+    stats = TrainStats()
+    model.train()
+    for _ in range(epochs):
+        for batch in loader:
+            if should_stop is not None and should_stop():
+                return stats
+            image, label = batch["image"].to(device), batch["label"].to(device)
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model(image), label)
+            if extra_loss is not None:
+                loss = loss + extra_loss(model)
+            if not torch.isfinite(loss):
+                raise MedflareError(f"training loss became {loss.item()} at step {stats.steps}; lower train.lr")
+            loss.backward()
+            optimizer.step()
+            if after_step is not None:
+                after_step(model)
+            stats.steps += 1
+            stats.samples += int(image.shape[0])
+            stats.losses.append(float(loss.detach()))
+            if max_steps and stats.steps >= max_steps:
+                return stats
+    return stats
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    """"auto" -> the first CUDA GPU when present, else CPU; a GPU is used when there, never required."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)

@@ -1,0 +1,74 @@
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from medflare import MedflareError
+from medflare.common.report import markdown_table, site_table
+from medflare.common.training import make_loader, make_loss, make_optimizer, train_epochs
+from medflare.presets import PRESETS, get_preset
+
+
+def test_presets_resolve_and_overrides_merge():
+    cfg = get_preset("seg_synthetic", {"train": {"epochs": 3}})
+    assert cfg["train"]["epochs"] == 3 and cfg["train"]["lr"] == PRESETS["seg_synthetic"]["train"]["lr"]
+    assert PRESETS["seg_synthetic"]["train"]["epochs"] == 1  # the preset itself is untouched
+
+
+def test_unknown_preset_and_key_are_named():
+    with pytest.raises(MedflareError, match="nope"):
+        get_preset("nope")
+    with pytest.raises(MedflareError, match="train.epochz"):
+        get_preset("seg_synthetic", {"train": {"epochz": 1}})
+
+
+def test_unknown_loss_and_optimizer_are_named():
+    with pytest.raises(MedflareError, match="focal"):
+        make_loss("focal", "segmentation")
+    with pytest.raises(MedflareError, match="rmsprop"):
+        make_optimizer("rmsprop", [torch.nn.Parameter(torch.zeros(1))], 0.1)
+
+
+class _Squares(Dataset):
+    """A bright square on dark background: label = the square."""
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        x0, y0 = torch.randint(0, 8, (2,), generator=g).tolist()
+        label = torch.zeros(1, 16, 16, dtype=torch.long)
+        label[0, y0 : y0 + 8, x0 : x0 + 8] = 1
+        image = label.float() + 0.1 * torch.randn(1, 16, 16, generator=g)
+        return {"image": image, "label": label}
+
+
+def test_train_epochs_lowers_the_dice_loss_and_respects_max_steps():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 2, 1))
+    opt = make_optimizer("adam", model.parameters(), 1e-2)
+    loss_fn = make_loss("dice", "segmentation")
+    stats = train_epochs(model, make_loader(_Squares(), 8, True), loss_fn, opt, epochs=6)
+    assert stats.steps == 24 and stats.samples == 192
+    assert sum(stats.losses[-4:]) / 4 < 0.5 * sum(stats.losses[:4]) / 4
+    capped = train_epochs(model, make_loader(_Squares(), 8, True), loss_fn, opt, epochs=6, max_steps=5)
+    assert capped.steps == 5
+
+
+def test_nonfinite_loss_is_a_clear_error():
+    model = torch.nn.Conv2d(1, 2, 1)
+    with pytest.raises(MedflareError, match="lr"):
+        train_epochs(model, make_loader(_Squares(), 8, False), lambda out, y: out.sum() * float("nan"),
+                     make_optimizer("sgd", model.parameters(), 0.1), epochs=1)
+
+
+def test_site_table_client_average_vs_global():
+    per_site = {
+        "a": {"mean": {"dice": 1.0}, "per_case": [{"dice": 1.0}]},
+        "b": {"mean": {"dice": 0.5}, "per_case": [{"dice": 0.5}, {"dice": 0.5}, {"dice": 0.5}]},
+    }
+    t = site_table(per_site)
+    assert t["client_average"]["dice"] == pytest.approx(0.75)  # sites weigh equally
+    assert t["global"]["dice"] == pytest.approx(0.625)  # cases weigh equally
+    md = markdown_table({"fedavg": t})
+    assert "| fedavg | 100.00 | 50.00 | 75.00 | 62.50 |" in md

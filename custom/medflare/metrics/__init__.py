@@ -1,0 +1,49 @@
+"""Metrics on label maps and instance maps, and the one ``evaluate()`` every job and the CLI use.
+
+Segmentation metrics take integer label maps (B, 1, H, W[, D]) and return per-case values; the
+conventions for empty masks are documented in :mod:`medflare.metrics.segmentation`.
+"""
+
+from medflare.metrics.classification import accuracy, to_class_labels
+from medflare.metrics.evaluate import (
+    CLASSIFICATION_METRICS,
+    SEGMENTATION_METRICS,
+    TASKS,
+    evaluate,
+    logits_to_label_map,
+)
+from medflare.metrics.instance import aggregated_jaccard_index, object_dice, to_instances
+from medflare.metrics.segmentation import (
+    check_label_maps,
+    dice,
+    hd95,
+    mean_pixel_accuracy,
+    nanmean_with_count,
+    sensitivity,
+    specificity,
+    variation_of_information,
+)
+from medflare.metrics.visualize import PALETTE, overlay_image
+
+__all__ = [
+    "CLASSIFICATION_METRICS",
+    "PALETTE",
+    "SEGMENTATION_METRICS",
+    "TASKS",
+    "accuracy",
+    "aggregated_jaccard_index",
+    "check_label_maps",
+    "dice",
+    "evaluate",
+    "hd95",
+    "logits_to_label_map",
+    "mean_pixel_accuracy",
+    "nanmean_with_count",
+    "object_dice",
+    "overlay_image",
+    "sensitivity",
+    "specificity",
+    "to_class_labels",
+    "to_instances",
+    "variation_of_information",
+]

@@ -1,0 +1,194 @@
+"""One evaluation entry point for every job: run a model (or any predictor) over a loader, score each case."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from medflare import MedflareError
+from medflare.metrics.classification import to_class_labels
+from medflare.metrics.instance import aggregated_jaccard_index, object_dice, to_instances
+from medflare.metrics.segmentation import (
+    check_label_maps,
+    dice,
+    hd95,
+    mean_pixel_accuracy,
+    nanmean_with_count,
+    sensitivity,
+    specificity,
+    variation_of_information,
+)
+
+__all__ = ["SEGMENTATION_METRICS", "CLASSIFICATION_METRICS", "TASKS", "evaluate", "logits_to_label_map"]
+
+#: Per-foreground-class metrics; "<name>" is the mean over classes, "<name>_c<k>" is class k >= 1.
+_PER_CLASS: dict[str, Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]] = {
+    "dice": dice,
+    "hd95": hd95,
+    "sensitivity": sensitivity,
+    "specificity": specificity,
+}
+SEGMENTATION_METRICS: tuple[str, ...] = (*_PER_CLASS, "mpa", "vi", "aji", "object_dice")
+CLASSIFICATION_METRICS: tuple[str, ...] = ("accuracy",)
+TASKS = {"segmentation": "segmentation", "seg": "segmentation", "classification": "classification", "cls": "classification"}
+_CLASS_RE = re.compile(r"^(dice|hd95|sensitivity|specificity)_c(\d+)$")
+
+
+def _known(task: str) -> str:
+    base = SEGMENTATION_METRICS if task == "segmentation" else CLASSIFICATION_METRICS
+    extra = ", dice_c1, hd95_c1, sensitivity_c1, specificity_c1, ..." if task == "segmentation" else ""
+    return ", ".join(base) + extra
+
+
+def _check_metrics(metrics: Sequence[str], task: str, num_classes: int) -> None:
+    if isinstance(metrics, str):
+        raise MedflareError(f"'metrics' must be a list of names, got the string {metrics!r}")
+    for name in metrics:
+        if task == "classification":
+            ok = name in CLASSIFICATION_METRICS
+        else:
+            m = _CLASS_RE.match(name)
+            if m and not 1 <= int(m.group(2)) < num_classes:
+                raise MedflareError(
+                    f"metric '{name}': class {m.group(2)} is not a foreground class of num_classes={num_classes} "
+                    f"(foreground classes are 1..{num_classes - 1})"
+                )
+            ok = name in SEGMENTATION_METRICS or m is not None
+        if not ok:
+            raise MedflareError(f"unknown metric '{name}' for task '{task}' (known: {_known(task)})")
+
+
+def logits_to_label_map(output: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Network output -> label map (B, 1, *spatial) int64.
+
+    (B, num_classes, *spatial) logits -> argmax over channels (softmax classes, 0 = background);
+    (B, 1, *spatial) is taken as a label map already (e.g. from a FedSM super model).
+    """
+    if not isinstance(output, torch.Tensor) or output.ndim < 3:
+        raise MedflareError(f"segmentation output must be a (B, C, H, W[, D]) tensor, got {type(output).__name__}")
+    if output.shape[1] == 1:
+        return output.round().long()
+    if output.shape[1] != num_classes:
+        raise MedflareError(
+            f"segmentation output has {output.shape[1]} channels but num_classes={num_classes} "
+            "(expected logits with one channel per class, or a 1-channel label map)"
+        )
+    return output.argmax(dim=1, keepdim=True)
+
+
+def _case_names(batch: Mapping[str, Any], size: int, start: int) -> list[str]:
+    names = batch.get("name") if isinstance(batch, Mapping) else None
+    if names is None:
+        return [f"case_{start + i:04d}" for i in range(size)]
+    if isinstance(names, str):
+        names = [names]
+    return [str(n) for n in names]
+
+
+def _segmentation_scores(pred: torch.Tensor, target: torch.Tensor, num_classes: int, metrics: Sequence[str]) -> list[dict[str, float]]:
+    """Per-case scores of one batch of label maps (B,1,...) -> B dicts {metric name: value}."""
+    batch = pred.shape[0]
+    rows: list[dict[str, float]] = [{} for _ in range(batch)]
+    per_class: dict[str, torch.Tensor] = {}
+    for name in metrics:
+        base = _CLASS_RE.match(name).group(1) if _CLASS_RE.match(name) else name
+        if base in _PER_CLASS and base not in per_class:
+            per_class[base] = _PER_CLASS[base](pred, target, num_classes)
+    vi = variation_of_information(pred, target) if "vi" in metrics else None
+    mpa = mean_pixel_accuracy(pred, target, num_classes) if "mpa" in metrics else None
+    for b in range(batch):
+        for name in metrics:
+            m = _CLASS_RE.match(name)
+            if m:
+                value = float(per_class[m.group(1)][b, int(m.group(2)) - 1])
+            elif name in _PER_CLASS:
+                value = nanmean_with_count(per_class[name][b])[0]
+            elif name == "mpa":
+                value = float(mpa[b])
+            elif name == "vi":
+                value = float(vi[b])
+            else:  # instance metrics on connected components of the union foreground
+                p_inst, t_inst = to_instances(pred[b, 0].numpy()), to_instances(target[b, 0].numpy())
+                fn = aggregated_jaccard_index if name == "aji" else object_dice
+                value = fn(p_inst, t_inst)
+            rows[b][name] = value
+    return rows
+
+
+def evaluate(
+    model: torch.nn.Module | None,
+    loader: Iterable[Mapping[str, Any]],
+    *,
+    task: str,
+    num_classes: int,
+    metrics: Sequence[str] = ("dice",),
+    device: str | torch.device = "cpu",
+    predict: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> dict[str, Any]:
+    """Score ``model`` (or ``predict``) on every case of ``loader``; the one evaluation used by all jobs.
+
+    The loader yields dicts ``{"image": (B,C,H,W) float, "label": (B,1,H,W) int (segmentation) or (B,)
+    int (classification), "name": list[str] (optional)}``. Segmentation prediction is the argmax of
+    the model's (B, num_classes, H, W) logits; ``predict`` (images -> logits or a (B,1,H,W) label
+    map) replaces ``model(images)``, e.g. for a FedSM super model. Images are moved to ``device``;
+    the model must already live there. The model is put in eval mode under ``torch.no_grad()`` and
+    its training mode restored afterwards.
+
+    Metric names: segmentation "dice", "hd95", "sensitivity", "specificity" (mean over foreground
+    classes) and their per-class "<name>_c<k>", "mpa", "vi", "aji", "object_dice" (instances =
+    connected components of the union foreground); classification "accuracy".
+    Unknown names, tasks or shapes raise MedflareError.
+
+    Returns:
+        ``{"mean": {name: float}, "per_case": [{"name": case, name: float, ...}, ...],
+        "nan_count": {name: int}, "num_cases": int}``; means are nan-means over cases, and
+        ``nan_count`` says how many cases were nan (e.g. HD95 with an empty mask).
+    """
+    if task not in TASKS:
+        raise MedflareError(f"unknown task '{task}' (known: {sorted(TASKS)})")
+    task = TASKS[task]
+    if not isinstance(num_classes, int) or num_classes < 2:
+        raise MedflareError(f"'num_classes' must be an int >= 2, got {num_classes!r}")
+    metrics = list(metrics)
+    _check_metrics(metrics, task, num_classes)
+    if model is None and predict is None:
+        raise MedflareError("evaluate needs a 'model' or a 'predict' callable")
+    forward = predict if predict is not None else model
+    was_training = model.training if model is not None else None
+    per_case: list[dict[str, Any]] = []
+    try:
+        if model is not None:
+            model.eval()
+        with torch.no_grad():
+            for batch in loader:
+                if not isinstance(batch, Mapping) or "image" not in batch or "label" not in batch:
+                    raise MedflareError("evaluate: each loader batch must be a dict with 'image' and 'label'")
+                images = torch.as_tensor(batch["image"]).to(device)
+                label = torch.as_tensor(batch["label"])
+                output = forward(images)
+                if task == "segmentation":
+                    if label.ndim == images.ndim - 1:
+                        label = label.unsqueeze(1)
+                    pred = logits_to_label_map(output, num_classes).cpu()
+                    pred, label = check_label_maps(pred, label, num_classes)
+                    rows = _segmentation_scores(pred, label, num_classes, metrics)
+                else:
+                    pred = to_class_labels(output).cpu()
+                    label = label.reshape(-1).long().cpu()
+                    if pred.shape != label.shape:
+                        raise MedflareError(f"evaluate: 'label' has {label.numel()} entries but the batch has {pred.numel()} predictions")
+                    rows = [{"accuracy": float(p == t)} for p, t in zip(pred.tolist(), label.tolist())]
+                for name, row in zip(_case_names(batch, len(rows), len(per_case)), rows):
+                    per_case.append({"name": name, **row})
+    finally:
+        if model is not None and was_training:
+            model.train()
+    mean: dict[str, float] = {}
+    nan_count: dict[str, int] = {}
+    for name in metrics:
+        mean[name], nan_count[name] = nanmean_with_count([row[name] for row in per_case])
+    return {"mean": mean, "per_case": per_case, "nan_count": nan_count, "num_cases": len(per_case)}

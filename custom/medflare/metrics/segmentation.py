@@ -1,0 +1,153 @@
+"""Semantic segmentation metrics on label maps, per case, built on MONAI's metric functions.
+
+Every function takes ``pred`` and ``target`` integer label maps of shape (B, 1, H, W) or
+(B, 1, H, W, D) with values in [0, num_classes), 0 = background, and returns per-case values.
+
+Conventions for empty masks (per case and foreground class; documented here once):
+    * Dice: both empty -> 1 (nothing to find, nothing found); exactly one empty -> 0.
+    * HD95: pred or target empty -> nan (a distance to nothing is undefined).
+    * sensitivity: target empty -> nan (no positives); specificity: target all foreground -> nan.
+    * mean pixel accuracy: classes absent from the target are left out of the mean.
+Aggregates over cases use ``nanmean`` and report how many values were nan
+(see :func:`nanmean_with_count` and :func:`medflare.metrics.evaluate`).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+
+from medflare import MedflareError
+
+__all__ = [
+    "check_label_maps",
+    "dice",
+    "hd95",
+    "sensitivity",
+    "specificity",
+    "mean_pixel_accuracy",
+    "variation_of_information",
+    "nanmean_with_count",
+]
+
+
+def check_label_maps(pred: torch.Tensor, target: torch.Tensor, num_classes: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate two (B, 1, *spatial) label maps and return them as int64 CPU tensors.
+
+    Raises MedflareError naming ``pred``/``target``/``num_classes`` on a wrong shape or value range.
+    """
+    pred, target = torch.as_tensor(pred), torch.as_tensor(target)
+    if pred.shape != target.shape:
+        raise MedflareError(f"'pred' shape {tuple(pred.shape)} differs from 'target' shape {tuple(target.shape)}")
+    if pred.ndim not in (4, 5) or pred.shape[1] != 1:
+        raise MedflareError(f"'pred'/'target' must be label maps (B, 1, H, W[, D]), got shape {tuple(pred.shape)}")
+    for key, t in (("pred", pred), ("target", target)):
+        if t.is_floating_point() and not torch.equal(t, t.round()):
+            raise MedflareError(f"'{key}' must hold integer class labels (got non-integer floats)")
+    pred, target = pred.detach().cpu().long(), target.detach().cpu().long()
+    if num_classes is not None:
+        if not isinstance(num_classes, int) or num_classes < 2:
+            raise MedflareError(f"'num_classes' must be an int >= 2 (background + foreground), got {num_classes!r}")
+        for key, t in (("pred", pred), ("target", target)):
+            if t.numel() and (t.min() < 0 or t.max() >= num_classes):
+                raise MedflareError(
+                    f"'{key}' has labels in [{int(t.min())}, {int(t.max())}], outside [0, num_classes={num_classes})"
+                )
+    return pred, target
+
+
+def _one_hot(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from monai.networks.utils import one_hot
+
+    pred, target = check_label_maps(pred, target, num_classes)
+    return one_hot(pred, num_classes), one_hot(target, num_classes)
+
+
+def dice(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Dice 2|P∩T|/(|P|+|T|) per case and foreground class: label maps (B,1,...) -> (B, num_classes-1).
+
+    MONAI ``compute_dice`` with ``include_background=False, ignore_empty=False``: both empty -> 1,
+    one empty -> 0, so the value is never nan.
+    """
+    from monai.metrics import compute_dice
+
+    p, t = _one_hot(pred, target, num_classes)
+    return compute_dice(p, t, include_background=False, ignore_empty=False).float()
+
+
+def hd95(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """95th-percentile symmetric Hausdorff distance in pixels: (B,1,...) -> (B, num_classes-1).
+
+    MONAI ``compute_hausdorff_distance(percentile=95)``; nan where pred or target of a class is empty.
+    """
+    from monai.metrics import compute_hausdorff_distance
+
+    p, t = _one_hot(pred, target, num_classes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # MONAI warns on every empty mask; nan is our documented answer
+        out = compute_hausdorff_distance(p, t, include_background=False, percentile=95).float()
+    empty = (p[:, 1:].flatten(2).sum(-1) == 0) | (t[:, 1:].flatten(2).sum(-1) == 0)
+    out[empty] = float("nan")
+    out[torch.isinf(out)] = float("nan")
+    return out
+
+
+def _confusion(pred: torch.Tensor, target: torch.Tensor, num_classes: int, name: str) -> torch.Tensor:
+    from monai.metrics import compute_confusion_matrix_metric, get_confusion_matrix
+
+    p, t = _one_hot(pred, target, num_classes)
+    cm = get_confusion_matrix(p, t, include_background=False)  # (B, C-1, 4): tp, fp, tn, fn
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return compute_confusion_matrix_metric(name, cm).float()
+
+
+def sensitivity(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """TP/(TP+FN) per case and foreground class: (B,1,...) -> (B, num_classes-1); nan if the class is absent."""
+    return _confusion(pred, target, num_classes, "sensitivity")
+
+
+def specificity(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """TN/(TN+FP) per case and foreground class: (B,1,...) -> (B, num_classes-1); nan if the class fills the image."""
+    return _confusion(pred, target, num_classes, "specificity")
+
+
+def mean_pixel_accuracy(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Mean pixel accuracy (Long et al. 2015, the MPA of FedST): (B,1,...) -> (B,).
+
+    Per case, the mean over classes present in the target (background included) of the fraction
+    of that class's pixels predicted as that class, ``n_cc / t_c``.
+    """
+    pred, target = check_label_maps(pred, target, num_classes)
+    p, t = pred.flatten(1), target.flatten(1)
+    out = torch.empty(p.shape[0])
+    for b in range(p.shape[0]):
+        per_class = [((p[b] == c) & (t[b] == c)).sum().item() / n for c in range(num_classes) if (n := (t[b] == c).sum().item())]
+        out[b] = float(np.mean(per_class)) if per_class else float("nan")
+    return out
+
+
+def variation_of_information(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Variation of information H(T|P) + H(P|T) in bits (Meilă 2007): (B,1,...) -> (B,); lower is better.
+
+    Uses :func:`skimage.metrics.variation_of_information`, which works in log base 2, on the label
+    maps as partitions (the label values themselves do not matter, only which pixels share one).
+    """
+    from skimage.metrics import variation_of_information as _vi
+
+    pred, target = check_label_maps(pred, target)
+    return torch.tensor(
+        [float(np.sum(_vi(t.numpy(), p.numpy()))) for p, t in zip(pred[:, 0], target[:, 0])], dtype=torch.float32
+    )
+
+
+def nanmean_with_count(values: torch.Tensor | np.ndarray | list[float]) -> tuple[float, int]:
+    """Mean over the non-nan entries of ``values`` (any shape) and the number of nan entries.
+
+    The mean is nan when every entry is nan (or there are none).
+    """
+    arr = np.asarray(torch.as_tensor(values, dtype=torch.float64).cpu(), dtype=np.float64).ravel()
+    nans = int(np.isnan(arr).sum())
+    return (float(np.nanmean(arr)) if nans < arr.size else float("nan")), nans

@@ -1,0 +1,56 @@
+"""Side-by-side image | ground truth | prediction panels for TensorBoard image summaries."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from medflare import MedflareError
+
+__all__ = ["PALETTE", "overlay_image"]
+
+#: RGB colour of each foreground class (class k uses PALETTE[(k - 1) % len(PALETTE)]).
+PALETTE = np.array(
+    [[230, 25, 75], [60, 180, 75], [0, 130, 200], [255, 225, 25], [145, 30, 180], [70, 240, 240], [245, 130, 48]],
+    dtype=np.float32,
+)
+
+
+def _as_2d(x: torch.Tensor | np.ndarray, key: str) -> np.ndarray:
+    arr = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    if arr.ndim == 3 and arr.shape[0] == 1:
+        arr = arr[0]
+    if arr.ndim != 2:
+        raise MedflareError(f"overlay_image: '{key}' must be (1, H, W) or (H, W), got shape {arr.shape}")
+    return arr
+
+
+def overlay_image(
+    image: torch.Tensor | np.ndarray,
+    label: torch.Tensor | np.ndarray,
+    pred: torch.Tensor | np.ndarray,
+    alpha: float = 0.5,
+) -> np.ndarray:
+    """Image, ground-truth overlay and prediction overlay side by side: (1,H,W) x3 -> uint8 (3, H, 3W).
+
+    The image is min-max scaled to grey 0..255; each foreground class of ``label``/``pred`` (int
+    label maps) is blended in its PALETTE colour with opacity ``alpha``. CHW, ready for
+    ``SummaryWriter.add_image(tag, panel, dataformats="CHW")``.
+    """
+    img, lab, prd = _as_2d(image, "image").astype(np.float32), _as_2d(label, "label"), _as_2d(pred, "pred")
+    if not img.shape == lab.shape == prd.shape:
+        raise MedflareError(f"overlay_image: shapes differ: image {img.shape}, label {lab.shape}, pred {prd.shape}")
+    lo, hi = float(np.nanmin(img)), float(np.nanmax(img))
+    grey = np.zeros_like(img) if hi <= lo else (img - lo) / (hi - lo) * 255.0
+    base = np.repeat(np.nan_to_num(grey)[..., None], 3, axis=-1)
+
+    def blend(mask: np.ndarray) -> np.ndarray:
+        out = base.copy()
+        mask = np.rint(mask).astype(np.int64)
+        fg = mask > 0
+        colours = PALETTE[(mask[fg] - 1) % len(PALETTE)]
+        out[fg] = (1 - alpha) * out[fg] + alpha * colours
+        return out
+
+    panel = np.concatenate([base, blend(lab), blend(prd)], axis=1)  # (H, 3W, 3)
+    return np.clip(np.rint(panel), 0, 255).astype(np.uint8).transpose(2, 0, 1)

@@ -213,3 +213,11 @@ def test_overlay_image_layout():
     assert np.array_equal(panel[:, 0, 2], panel[:, 0, 6]) and np.array_equal(panel[:, 0, 2], panel[:, 0, 10])
     assert len(set(panel[:, 1, 5].tolist())) > 1
     assert np.array_equal(panel[:, 1, 9], panel[:, 1, 1])
+
+
+def test_overlay_image_accepts_rgb_and_multichannel():
+    label = _maps(TARGET0)[0]
+    assert overlay_image(torch.rand(3, 4, 4), label, label).shape == (3, 4, 12)
+    assert overlay_image(torch.rand(2, 4, 4), label[0], label[0]).shape == (3, 4, 12)
+    with pytest.raises(MedflareError, match="shapes differ"):
+        overlay_image(torch.rand(1, 5, 4), label, label)

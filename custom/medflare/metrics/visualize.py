@@ -33,16 +33,25 @@ def overlay_image(
 ) -> np.ndarray:
     """Image, ground-truth overlay and prediction overlay side by side: (1,H,W) x3 -> uint8 (3, H, 3W).
 
-    The image is min-max scaled to grey 0..255; each foreground class of ``label``/``pred`` (int
+    ``image`` may also be (3, H, W) RGB or (C, H, W) (first channel shown); ``label``/``pred`` are
+    (1, H, W) or (H, W). The image is min-max scaled to 0..255; each foreground class of ``label``/``pred`` (int
     label maps) is blended in its PALETTE colour with opacity ``alpha``. CHW, ready for
     ``SummaryWriter.add_image(tag, panel, dataformats="CHW")``.
     """
-    img, lab, prd = _as_2d(image, "image").astype(np.float32), _as_2d(label, "label"), _as_2d(pred, "pred")
-    if not img.shape == lab.shape == prd.shape:
+    img = image.detach().cpu().numpy() if isinstance(image, torch.Tensor) else np.asarray(image)
+    img = img.astype(np.float32)
+    if img.ndim == 3 and img.shape[0] == 3:
+        img = img.transpose(1, 2, 0)  # RGB image: (H, W, 3)
+    elif img.ndim == 3:
+        img = img[0]  # grey (or first channel of a multi-channel image)
+    if img.ndim not in (2, 3):
+        raise MedflareError(f"overlay_image: 'image' must be (C, H, W) or (H, W), got shape {img.shape}")
+    lab, prd = _as_2d(label, "label"), _as_2d(pred, "pred")
+    if not img.shape[:2] == lab.shape == prd.shape:
         raise MedflareError(f"overlay_image: shapes differ: image {img.shape}, label {lab.shape}, pred {prd.shape}")
     lo, hi = float(np.nanmin(img)), float(np.nanmax(img))
-    grey = np.zeros_like(img) if hi <= lo else (img - lo) / (hi - lo) * 255.0
-    base = np.repeat(np.nan_to_num(grey)[..., None], 3, axis=-1)
+    scaled = np.nan_to_num(np.zeros_like(img) if hi <= lo else (img - lo) / (hi - lo) * 255.0)
+    base = scaled if scaled.ndim == 3 else np.repeat(scaled[..., None], 3, axis=-1)
 
     def blend(mask: np.ndarray) -> np.ndarray:
         out = base.copy()

@@ -1,0 +1,91 @@
+"""Run a job in the FLARE simulator as a subprocess and read back what it wrote (tests and benchmarks).
+
+FLARE's simulator can exit 0 after a client crashed, so callers check artifacts, not just the return
+code: :class:`SimRun` exposes the server run folder, the TensorBoard scalars per site and the log.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from medflare import MedflareError
+
+
+@dataclass
+class SimRun:
+    """Result of one simulator run: return code, wall seconds, workspace, and the server's run folder."""
+
+    returncode: int
+    seconds: float
+    workspace: Path
+    log: str
+
+    @property
+    def server_dir(self) -> Path:
+        return self.workspace / "server" / "simulate_job"
+
+    @property
+    def app_server(self) -> Path:
+        return self.server_dir / "app_server"
+
+    def scalars(self) -> dict[str, dict[str, list[tuple[int, float]]]]:
+        """``{site: {tag: [(step, value), ...]}}`` from the server's TensorBoard folder."""
+        return read_scalars(self.server_dir / "tb_events")
+
+
+def run_simulator(
+    job: str | os.PathLike,
+    workspace: str | os.PathLike,
+    n_clients: int,
+    *,
+    threads: int | None = None,
+    timeout: float = 900,
+    env: dict[str, str] | None = None,
+) -> SimRun:
+    """``nvflare simulator job -w workspace -n N -t N`` with FLARE's memory advice applied; raises on timeout."""
+    cmd = [
+        sys.executable, "-m", "nvflare.cli", "simulator", str(job),
+        "-w", str(workspace), "-n", str(n_clients), "-t", str(threads or n_clients),
+    ]
+    full_env = {**os.environ, "MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1", **(env or {})}
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise MedflareError(f"simulator run of '{job}' exceeded {timeout:.0f} s:\n{(e.stdout or '')[-4000:]}") from e
+    log = proc.stdout + proc.stderr
+    return SimRun(proc.returncode, time.perf_counter() - start, Path(workspace), log)
+
+
+def read_scalars(tb_root: str | os.PathLike) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """All scalar series under ``tb_root/<site>/`` as ``{site: {tag: [(step, value)]}}`` sorted by step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    root = Path(tb_root)
+    if not root.is_dir():
+        return out
+    for site_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        acc = EventAccumulator(str(site_dir), size_guidance={"scalars": 0, "images": 0})
+        acc.Reload()
+        out[site_dir.name] = {
+            tag: sorted((e.step, e.value) for e in acc.Scalars(tag)) for tag in acc.Tags().get("scalars", [])
+        }
+    return out
+
+
+def count_images(tb_root: str | os.PathLike) -> int:
+    """Number of image summaries under ``tb_root`` (segmentation overlays, samples, condensed sets)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    total = 0
+    for site_dir in (p for p in Path(tb_root).iterdir() if p.is_dir()):
+        acc = EventAccumulator(str(site_dir), size_guidance={"images": 0})
+        acc.Reload()
+        total += sum(len(acc.Images(t)) for t in acc.Tags().get("images", []))
+    return total

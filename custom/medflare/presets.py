@@ -30,7 +30,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "args": {"in_channels": 1, "out_channels": 3, "channels": [8, 16, 32, 64], "strides": [2, 2, 2]},
         },
         # Dice + CE: on 64x64 the small cup class is learned within the default 10 rounds (Dice alone: not).
-        "train": {"epochs": 1, "batch_size": 8, "lr": 3e-3, "optimizer": "adam", "loss": "dicece", "max_steps": 0},
+        "train": {"epochs": 2, "batch_size": 8, "lr": 3e-3, "optimizer": "adam", "loss": "dicece", "max_steps": 0},
         "eval": {"metrics": ["dice", "dice_c1", "dice_c2"], "key_metric": "dice"},
     },
     # Tiny variant for end-to-end tests on a 2-core CPU.

@@ -1,0 +1,301 @@
+"""A POC federation of this bundle on loopback: hospitals from project.yml, our site templates installed.
+
+Used by tests/poc and by hand (provisioning/README.md):
+
+    python provisioning/pocfed.py up   --root /tmp/medflare-poc [-n 2] [--data DIR]
+    python provisioning/pocfed.py down --root /tmp/medflare-poc
+    python provisioning/pocfed.py install-templates --kit KIT_DIR --role site|server [--data DIR]
+
+Everything lives under ``root``: ``root/home`` (HOME of every nvflare command, so ~/.nvflare of the user
+is never touched), ``root/ws`` (POC workspace: startup kits, the server's job store and snapshots) and
+``root/project.yml`` (provisioning/project.yml cut to n hospitals, on free loopback ports). ``down``
+runs ``nvflare poc stop`` and then kills, by pid, every process whose command line or working
+directory lies under ``root`` (FLARE starts job processes in their own sessions, so stopping the
+parents is not enough after a failed run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+PROJECT = REPO / "provisioning" / "project.yml"
+TEMPLATES = REPO / "app_configs"
+ALLOW_LIST = ["nvflare.", "medflare."]
+
+
+def free_port() -> int:
+    """A TCP port that is free on loopback now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def poc_project(n_sites: int = 2, fed_port: int | None = None, admin_port: int | None = None, src: Path = PROJECT) -> dict:
+    """provisioning/project.yml with its first ``n_sites`` hospitals, their admins, and the server on the given ports."""
+    project = yaml.safe_load(Path(src).read_text())
+    parts = project["participants"]
+    server = next(p for p in parts if p["type"] == "server")
+    clients = [dict(p) for p in parts if p["type"] == "client"][:n_sites]
+    if len(clients) < n_sites:
+        raise ValueError(f"{src} has {len(clients)} client sites, {n_sites} asked for")
+    for c in clients:
+        c.pop("capacity", None)  # POC sites get the template's resources.json (no GPUs claimed)
+    orgs = {c["org"] for c in clients}
+    admins = [p for p in parts if p["type"] == "admin" and (p["role"] == "project_admin" or p["org"] in orgs)]
+    server = {**server, "fed_learn_port": fed_port or free_port(), "admin_port": admin_port or free_port()}
+    project["participants"] = [server, *clients, *admins]
+    return project
+
+
+def install_templates(kit: str | Path, role: str, data_dir: str | Path | None = None, storage_root: str | Path | None = None) -> list[Path]:
+    """Copy app_configs/<role>/local/* into a startup kit's local/ (what a hospital's operator does by hand).
+
+    ``role`` is "site" or "server"; ``data_dir`` (site) writes local/medflare_data.json pointing at it;
+    ``storage_root`` (server) moves the job store and snapshot storage of resources.json under it.
+    """
+    if role not in ("site", "server"):
+        raise ValueError(f"role must be 'site' or 'server', got {role!r}")
+    local = Path(kit) / "local"
+    local.mkdir(parents=True, exist_ok=True)
+    written = []
+    for src in sorted((TEMPLATES / role / "local").iterdir()):
+        if src.suffix == ".example":
+            continue
+        dst = local / src.name
+        shutil.copy(src, dst)
+        written.append(dst)
+    if role == "site" and data_dir is not None:
+        dst = local / "medflare_data.json"
+        dst.write_text(json.dumps({"data_dir": str(Path(data_dir).resolve())}))
+        written.append(dst)
+    if role == "server" and storage_root is not None:
+        res_path = local / "resources.json"
+        res = json.loads(res_path.read_text())
+        root = Path(storage_root).resolve()
+        res["snapshot_persistor"]["args"]["storage"]["args"]["root_dir"] = str(root / "snapshot-storage")
+        for comp in res["components"]:
+            if comp["id"] == "job_manager":
+                comp["args"]["uri_root"] = str(root / "jobs-storage")
+        res_path.write_text(json.dumps(res, indent=2))
+    return written
+
+
+class PocFederation:
+    """One POC federation under ``root`` (see the module docstring). Use as a context manager: always stopped."""
+
+    def __init__(self, root: str | Path, n_sites: int = 2, data_dir: str | Path | None = None, templates: bool = True):
+        self.root = Path(root).resolve()
+        self.n_sites = n_sites
+        self.data_dir = data_dir
+        self.templates = templates
+        self.home = self.root / "home"
+        self.ws = self.root / "ws"
+        self.project_file = self.root / "project.yml"
+        self.project: dict | None = None
+        bindir = str(Path(sys.executable).parent)  # start.sh runs `python3`: ours, with medflare installed
+        self.env = {
+            **os.environ,
+            "HOME": str(self.home),
+            "NVFLARE_POC_WORKSPACE": str(self.ws),
+            "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+            "MALLOC_ARENA_MAX": "2",
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    # ---- participants ------------------------------------------------------------------------
+    def _names(self, kind: str, role: str | None = None) -> list[str]:
+        parts = (self.project or yaml.safe_load(self.project_file.read_text()))["participants"]
+        return [p["name"] for p in parts if p["type"] == kind and (role is None or p.get("role") == role)]
+
+    @property
+    def sites(self) -> list[str]:
+        return self._names("client")
+
+    @property
+    def server(self) -> str:
+        return self._names("server")[0]
+
+    @property
+    def admin(self) -> str:
+        return self._names("admin", "project_admin")[0]
+
+    @property
+    def prod(self) -> Path:
+        project = self.project or yaml.safe_load(self.project_file.read_text())
+        return self.ws / project["name"] / "prod_00"
+
+    def kit(self, name: str) -> Path:
+        return self.prod / name
+
+    # ---- life cycle --------------------------------------------------------------------------
+    def _nvflare(self, *args: str, timeout: float, check: bool = True) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "nvflare.cli", *args]
+        proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout, start_new_session=True)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        return proc
+
+    def prepare(self) -> None:
+        """Provision the POC kits (nvflare poc prepare -i) and install our templates into local/."""
+        self.kill_leftovers()
+        if self.root.exists():
+            shutil.rmtree(self.root)
+        self.home.mkdir(parents=True)
+        self.project = poc_project(self.n_sites)
+        self.project_file.write_text(yaml.safe_dump(self.project, sort_keys=False))
+        self._nvflare("poc", "prepare", "-i", str(self.project_file), "--force", timeout=180)
+        if self.templates:
+            install_templates(self.kit(self.server), "server", storage_root=self.root / "storage")
+            for site in self.sites:
+                install_templates(self.kit(site), "site", data_dir=self.data_dir)
+        else:  # still keep the job store out of /tmp/nvflare, shared by every POC on the machine
+            self._isolate_default_storage()
+
+    def _isolate_default_storage(self) -> None:
+        local = self.kit(self.server) / "local"
+        res = json.loads((local / "resources.json.default").read_text())
+        res["snapshot_persistor"]["args"]["storage"]["args"]["root_dir"] = str(self.root / "storage" / "snapshot-storage")
+        for comp in res["components"]:
+            if comp["id"] == "job_manager":
+                comp["args"]["uri_root"] = str(self.root / "storage" / "jobs-storage")
+        (local / "resources.json").write_text(json.dumps(res, indent=2))
+
+    def start(self, timeout: float = 180) -> None:
+        """nvflare poc start (server and clients), then wait until every site is connected."""
+        self._nvflare("poc", "start", "--timeout", str(int(timeout)), timeout=timeout + 60)
+        deadline = time.time() + timeout
+        sess = self.session()
+        try:
+            while True:
+                connected = {c.name for c in sess.get_connected_client_list()}
+                if set(self.sites) <= connected:
+                    return
+                if time.time() > deadline:
+                    raise TimeoutError(f"sites {sorted(set(self.sites) - connected)} not connected after {timeout:.0f} s")
+                time.sleep(1)
+        finally:
+            sess.close()
+
+    def session(self, user: str | None = None, timeout: float = 60):
+        """A FLARE Session API session as ``user`` (default: the project admin)."""
+        from nvflare.fuel.flare_api.flare_api import new_secure_session
+
+        user = user or self.admin
+        return new_secure_session(user, str(self.kit(user)), timeout=timeout)
+
+    def stop(self, timeout: float = 60) -> None:
+        """nvflare poc stop, then kill whatever is left of this federation; never raises."""
+        if self.project_file.exists() and self.ws.exists():
+            try:
+                self._nvflare("poc", "stop", timeout=timeout, check=False)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill_leftovers()
+
+    def clean(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> "PocFederation":
+        try:
+            self.prepare()
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---- processes ---------------------------------------------------------------------------
+    def pids(self, under: str | Path | None = None) -> list[int]:
+        """Processes whose command line or working directory lies under ``under`` (default: root)."""
+        mark = str(Path(under).resolve() if under else self.root)
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                cwd = os.readlink(entry / "cwd")
+            except OSError:
+                continue
+            if mark in cmdline or cwd == mark or cwd.startswith(mark + os.sep):
+                found.append(int(entry.name))
+        return found
+
+    def kill_leftovers(self, grace: float = 10) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` s, every process of this federation (by pid)."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            pids = self.pids()
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+            deadline = time.time() + grace
+            while pids and time.time() < deadline:
+                pids = [p for p in pids if Path(f"/proc/{p}").exists() and not _is_zombie(p)]
+                time.sleep(0.2)
+            if not pids:
+                return
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="prepare and start a POC federation of n hospitals with our site templates")
+    up.add_argument("--root", required=True)
+    up.add_argument("-n", type=int, default=2)
+    up.add_argument("--data", help="folder of <site>.json datalists (medflare data --out); default: embedded synthetic data")
+    down = sub.add_parser("down", help="stop it and kill its leftover processes")
+    down.add_argument("--root", required=True)
+    down.add_argument("--clean", action="store_true", help="also delete root")
+    inst = sub.add_parser("install-templates", help="copy app_configs/<role>/local/* into a startup kit's local/")
+    inst.add_argument("--kit", required=True)
+    inst.add_argument("--role", required=True, choices=["site", "server"])
+    inst.add_argument("--data", help="(site) data folder written to local/medflare_data.json")
+    args = parser.parse_args(argv)
+    if args.cmd == "up":
+        fed = PocFederation(args.root, n_sites=args.n, data_dir=args.data)
+        fed.prepare()
+        try:
+            fed.start()
+        except BaseException:
+            fed.stop()
+            raise
+        print(f"POC federation up: server {fed.server}, sites {', '.join(fed.sites)}")
+        print(f"admin kit: {fed.kit(fed.admin)}   (user {fed.admin})")
+        print(f"console:   HOME={fed.home} {fed.kit(fed.admin)}/startup/fl_admin.sh")
+    elif args.cmd == "down":
+        fed = PocFederation(args.root)
+        fed.stop()
+        if args.clean:
+            fed.clean()
+    else:
+        for path in install_templates(args.kit, args.role, data_dir=args.data):
+            print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

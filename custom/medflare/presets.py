@@ -40,7 +40,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "name": "unet",
             "args": {"in_channels": 1, "out_channels": 3, "channels": [8, 16, 32], "strides": [2, 2]},
         },
-        "train": {"epochs": 2, "batch_size": 8, "lr": 5e-3, "optimizer": "adam", "loss": "dicece", "max_steps": 0},
+        "train": {"epochs": 3, "batch_size": 4, "lr": 1e-2, "optimizer": "adam", "loss": "dicece", "max_steps": 0},
         "eval": {"metrics": ["dice"], "key_metric": "dice"},
     },
     # FedSM paper scale (256x256, reference UNet 16..256 with 2 residual units, batch 1, 100 rounds).
@@ -74,6 +74,23 @@ PRESETS: dict[str, dict[str, Any]] = {
         },
         "model": {"name": "convnet", "args": {"in_channels": 1, "num_classes": 10, "image_size": 28}},
         "train": {"epochs": 1, "batch_size": 64, "lr": 1e-2, "optimizer": "sgd", "loss": "ce", "max_steps": 0},
+        "eval": {"metrics": ["accuracy"], "key_metric": "accuracy"},
+    },
+    # Small classification variant for end-to-end tests (a third of the images, narrower ConvNet).
+    "cls_synthetic_tiny": {
+        "data": {
+            "kind": "synthetic_cls",
+            "image_size": 28,
+            "channels": 1,
+            "num_classes": 10,
+            "num_sites": 10,
+            "beta": 0.1,
+            "style_shift": True,
+            "seed": 0,
+            "scale": 0.34,
+        },
+        "model": {"name": "convnet", "args": {"in_channels": 1, "num_classes": 10, "image_size": 28, "width": 32}},
+        "train": {"epochs": 2, "batch_size": 32, "lr": 2e-2, "optimizer": "sgd", "loss": "ce", "max_steps": 0},
         "eval": {"metrics": ["accuracy"], "key_metric": "accuracy"},
     },
     # Classification on a site's own MedMNIST-layout .npz (MEDFLARE_DATA/<site>.npz).

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
 import torch
 
 from medflare import MedflareError
@@ -18,12 +19,18 @@ from medflare.nets import build_model
 from medflare.presets import get_preset
 
 
+_NUMPY_GLOBALS = [np._core.multiarray._reconstruct, np.ndarray, np.dtype] + [type(np.dtype(t)) for t in np.typecodes["All"]]
+
+
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """The checkpoint's dict, loaded with ``weights_only=True`` (no arbitrary code from a downloaded file)."""
     if not os.path.isfile(path):
         raise MedflareError(f"model file '{path}' does not exist")
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        # numpy arrays are plain data too: FLARE's SCAFFOLD workflow stores its control variates as numpy
+        # arrays in the checkpoint's meta_props.
+        with torch.serialization.safe_globals(_NUMPY_GLOBALS):
+            data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for corrupt/unsafe files
         raise MedflareError(f"model file '{path}' cannot be read as a torch checkpoint: {e}") from e
     if not isinstance(data, dict):

@@ -44,14 +44,17 @@ def run_simulator(
     n_clients: int,
     *,
     threads: int | None = None,
+    clients: list[str] | None = None,
     timeout: float = 900,
     env: dict[str, str] | None = None,
 ) -> SimRun:
-    """``nvflare simulator job -w workspace -n N -t N`` with FLARE's memory advice applied; raises on timeout."""
+    """``nvflare simulator job -w workspace -n N -t N [-c names]`` with FLARE's memory advice; raises on timeout."""
     cmd = [
         sys.executable, "-m", "nvflare.cli", "simulator", str(job),
         "-w", str(workspace), "-n", str(n_clients), "-t", str(threads or n_clients),
     ]
+    if clients:
+        cmd += ["-c", ",".join(clients)]
     full_env = {**os.environ, "MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1", **(env or {})}
     start = time.perf_counter()
     try:

@@ -1,0 +1,301 @@
+"""A real FLARE federation on loopback: POC server + 2 hospital sites, our site templates, jobs via the Session API.
+
+One POC federation serves the whole module (provisioning/pocfed.py: isolated HOME and workspace, free
+ports, stopped and its processes killed by pid on teardown, also after a failure). The sites get
+app_configs/ installed in local/ (allow-list, privacy scopes, authorization, medflare_data.json pointing at
+data written by `medflare data`). All jobs are submitted up front and run concurrently (server max_jobs 4);
+each test waits for its own. Jobs are submitted without app/custom, so every medflare component passes
+through the sites' class_allow_list.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from medflare.cli import main as medflare_main
+from medflare.common.checkpoint import load_model, read_checkpoint
+from medflare.common.jobconfig import customize_job
+from medflare.common.persistence import model_from_preset
+from medflare.common.simrun import read_scalars
+
+pytestmark = [pytest.mark.slow, pytest.mark.poc, pytest.mark.timeout(900)]
+
+REPO = Path(__file__).resolve().parents[2]
+PRESET = "seg_synthetic_tiny"
+ROUNDS = 2
+JOB_TIMEOUT = 420  # s per job; they share 2 cores with each other and with whatever else runs
+DEAD_BOUND = 90  # s from killing a site's job process to the job's terminal state
+
+
+def _load_pocfed():
+    spec = importlib.util.spec_from_file_location("pocfed", REPO / "provisioning" / "pocfed.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["pocfed"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+pocfed = _load_pocfed()
+
+
+# ---- the federation and its jobs -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("poc")
+    federation = pocfed.PocFederation(root / "fed", n_sites=2, data_dir=root / "data")
+    old_home = os.environ.get("HOME")
+    os.environ["HOME"] = str(federation.home)  # the Session API in this process: nothing under the user's ~
+    try:
+        federation.prepare()
+        assert medflare_main(["data", "--preset", PRESET, "--sites", ",".join(federation.sites), "--out", str(root / "data")]) == 0
+        federation.start(timeout=180)
+        federation.data = root / "data"
+        federation.jobs_dir = root / "jobs"
+        federation.results = root / "results"
+        yield federation
+    finally:
+        federation.stop()
+        if old_home is not None:
+            os.environ["HOME"] = old_home
+        leftovers = federation.pids()
+        assert not leftovers, f"POC processes left running: {leftovers}"
+
+
+def _job(fed, src: str, name: str, *, rounds=ROUNDS, sites=None, scope=None, byoc=False, client_component=None):
+    """A copy of jobs/<src>, tiny, optionally on some sites, with a privacy scope; without app/custom unless byoc."""
+    sites = sites or fed.sites
+    workflow_args = {"num_rounds": rounds}
+    if src != "fedsm":
+        workflow_args["num_clients"] = len(sites)
+    job = customize_job(REPO / "jobs" / src, fed.jobs_dir / name, preset=PRESET, workflow_args=workflow_args)
+    if not byoc:
+        shutil.rmtree(job / "app" / "custom", ignore_errors=True)
+    meta = json.loads((job / "meta.json").read_text())
+    meta["name"] = name
+    if scope is not None:
+        meta["scope"] = scope
+    if sites != fed.sites:
+        meta["deploy_map"] = {app: ["server", *sites] for app in meta["deploy_map"]}
+        meta["min_clients"] = len(sites)
+    (job / "meta.json").write_text(json.dumps(meta, indent=2))
+    if client_component:
+        path = job / "app" / "config" / "config_fed_client.json"
+        config = json.loads(path.read_text())
+        config["components"].append(client_component)
+        path.write_text(json.dumps(config, indent=2))
+    return job
+
+
+def _has_fedsm() -> bool:
+    return (REPO / "jobs" / "fedsm" / "meta.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def jobs(fed):
+    """Submit every job of the module now; {name: job_id}. The refused ones first (they end at once)."""
+    site = fed.sites[0]
+    specs = {
+        "unknown_scope": dict(src="fedavg", scope="no-such-scope"),
+        "byoc": dict(src="fedavg", byoc=True),
+        "not_allowed": dict(src="fedavg", rounds=1, client_component={"id": "outsider", "path": "json.decoder.JSONDecoder", "args": {}}),
+        "dead_site": dict(src="fedavg", rounds=50),
+        "fedavg": dict(src="fedavg"),
+        "plain_1site": dict(src="fedavg", rounds=1, sites=[site]),
+        "strict_1site": dict(src="fedavg", rounds=1, sites=[site], scope="strict"),
+    }
+    if _has_fedsm():
+        specs["fedsm"] = dict(src="fedsm")
+    sess = fed.session()
+    ids = {}
+    try:
+        for name, spec in specs.items():
+            ids[name] = sess.submit_job(str(_job(fed, name=name, **spec)))
+    finally:
+        sess.close()
+    return ids
+
+
+@pytest.fixture()
+def sess(fed):
+    s = fed.session()
+    yield s
+    s.close()
+
+
+def _wait(sess, job_id, timeout=JOB_TIMEOUT) -> dict:
+    return sess.wait_for_job(job_id, timeout=timeout, poll_interval=1)
+
+
+def _download(fed, sess, job_id) -> Path:
+    path = Path(sess.download_job_result(job_id, str(fed.results / job_id)))
+    assert (path / "workspace").is_dir(), f"downloaded result of {job_id} has no workspace: {list(path.iterdir())}"
+    return path / "workspace"
+
+
+def _site_job_log(fed, site, job_id) -> str:
+    log = fed.kit(site) / job_id / "log.txt"
+    return log.read_text() if log.is_file() else ""
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _evaluate(model, datalist, out) -> dict:
+    """`medflare evaluate` as an operator runs it (a subprocess of the installed command)."""
+    cmd = [str(Path(sys.executable).parent / "medflare"), "evaluate", "--model", str(model), "--datalist", str(datalist), "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(Path(out).read_text())
+
+
+# ---- tests, in the order that overlaps the jobs best -----------------------------------------
+def test_dead_site_ends_the_job_with_a_clear_error_in_bounded_time(fed, jobs, sess):
+    """Kill one site's job process mid-job (50 rounds): the job must end, not hang, and say which site failed."""
+    job_id, victim = jobs["dead_site"], fed.sites[0]
+    deadline = time.time() + JOB_TIMEOUT
+    while "round 0:" not in _site_job_log(fed, victim, job_id) or "local steps" not in _site_job_log(fed, victim, job_id):
+        assert time.time() < deadline, "the dead_site job never trained a round"
+        assert not sess.get_job_status(job_id).startswith("FINISHED"), sess.get_job_meta(job_id)
+        time.sleep(1)
+    workers = [p for p in fed.pids(fed.kit(victim)) if job_id in _cmdline(p)]
+    assert workers, f"no job process of {job_id} found at {victim}"
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    killed = time.time()
+    meta = _wait(sess, job_id, timeout=DEAD_BOUND)
+    elapsed = time.time() - killed
+    assert meta["status"] in ("FINISHED:EXECUTION_EXCEPTION", "FINISHED:ABORTED", "FINISHED:ABNORMAL"), meta["status"]
+    server_log = (fed.kit(fed.server) / "log.txt").read_text()
+    assert f"Failing job {job_id} due to reported failure from {victim}" in server_log
+    # nothing of the job keeps running anywhere (the surviving site's job process ended too)
+    deadline = time.time() + 60
+    while [p for p in fed.pids() if job_id in _cmdline(p)]:
+        assert time.time() < deadline, "processes of the failed job are still running 60 s after it ended"
+        time.sleep(1)
+    # the hospital's site itself is still connected and usable by the next job
+    assert victim in {c.name for c in sess.get_connected_client_list()}
+    print(f"dead site: job ended {meta['status']} {elapsed:.1f} s after its job process at {victim} was killed")
+
+
+def test_unknown_privacy_scope_is_refused_with_a_clear_message(jobs, sess):
+    meta = _wait(sess, jobs["unknown_scope"])
+    assert meta["status"] == "FINISHED:FAILED_TO_RUN", meta
+    details = meta["job_deploy_detail"]
+    refusals = [d for d in details if "privacy scope 'no-such-scope' is not allowed" in d]
+    assert len(refusals) == 2, details  # both sites refuse; the server has no privacy policy of its own
+
+
+def test_byoc_job_is_refused_by_the_authorization_template(jobs, sess):
+    meta = _wait(sess, jobs["byoc"])
+    assert meta["status"] == "FINISHED:FAILED_TO_RUN", meta
+    assert any("BYOC not permitted" in d for d in meta["job_deploy_detail"]), meta["job_deploy_detail"]
+
+
+def test_class_outside_the_allow_list_is_refused(fed, jobs, sess):
+    job_id = jobs["not_allowed"]
+    meta = _wait(sess, job_id)
+    assert meta["status"] != "FINISHED:COMPLETED", meta
+    logs = "".join(_site_job_log(fed, s, job_id) for s in fed.sites)
+    assert "'json.decoder.JSONDecoder'" in logs and "not in allow_list" in logs, logs[-3000:]
+
+
+def test_fedavg_through_the_admin_api(fed, jobs, sess, tmp_path):
+    """Allow-list job (no app/custom): completes, sites read their data from local/medflare_data.json,
+    the server saved models and TensorBoard scalars, and the downloaded model scores with `medflare evaluate`."""
+    job_id = jobs["fedavg"]
+    meta = _wait(sess, job_id)
+    assert meta["status"] == "FINISHED:COMPLETED", meta
+    assert all(d.endswith(": OK") for d in meta["job_deploy_detail"]), meta["job_deploy_detail"]
+    for site in fed.sites:
+        assert str((fed.data / f"{site}.json").resolve()) in _site_job_log(fed, site, job_id), f"{site} did not use local/medflare_data.json"
+
+    ws = _download(fed, sess, job_id)
+    for name in ("FL_global_model.pt", "best_FL_global_model.pt"):
+        model, desc = load_model(ws / "app_server" / name)
+        assert desc["preset"] == PRESET
+    scalars = read_scalars(ws / "tb_events")
+    assert set(scalars) == set(fed.sites), scalars.keys()
+    for site, tags in scalars.items():
+        assert [s for s, _ in tags["val_global/dice"]] == list(range(ROUNDS)), (site, tags.keys())
+        assert len(tags["train_loss"]) == ROUNDS
+    site = fed.sites[1]
+    result = _evaluate(ws / "app_server" / "FL_global_model.pt", fed.data / f"{site}.json", tmp_path / "eval.json")
+    assert 0.0 <= result["mean"]["dice"] <= 1.0 and result["per_case"], result
+
+
+def _strict_scope() -> dict:
+    privacy = json.loads((REPO / "app_configs" / "site" / "local" / "privacy.json").read_text())
+    scope = next(s for s in privacy["scopes"] if s["name"] == "strict")
+    (flt,) = scope["task_result_filters"]
+    assert flt["path"].endswith("PercentilePrivacy")
+    return flt["args"]
+
+
+def test_strict_scope_filters_what_the_server_aggregates(fed, jobs, sess):
+    """Same one-site, one-round job twice, default scope and "strict": the server's update under "strict"
+    must be exactly PercentilePrivacy(percentile, gamma) applied to the unfiltered update (the site's
+    training is deterministic, so the unfiltered run shows what the site computed)."""
+    models = {}
+    for name in ("plain_1site", "strict_1site"):
+        meta = _wait(sess, jobs[name])
+        assert meta["status"] == "FINISHED:COMPLETED", meta
+        ckpt = read_checkpoint(_download(fed, sess, jobs[name]) / "app_server" / "FL_global_model.pt")
+        models[name] = {k: v.numpy().astype(np.float64) for k, v in ckpt["model"].items()}
+    init = {k: v.numpy().astype(np.float64) for k, v in model_from_preset(PRESET).state_dict().items()}
+    raw = {k: models["plain_1site"][k] - init[k] for k in init}
+    got = {k: models["strict_1site"][k] - init[k] for k in init}
+
+    # PercentilePrivacy as FLARE defines it: per-case diff (divided by NUM_STEPS_CURRENT_ROUND, which our
+    # executor sets to the site's training cases), zero |d| below the percentile, clip to gamma, scale back.
+    args = _strict_scope()
+    n = len(json.loads((fed.data / f"{fed.sites[0]}.json").read_text())["training"])
+    cutoff = np.percentile(np.concatenate([np.abs(d.ravel() / n) for d in raw.values()]), args["percentile"])
+    expected = {}
+    for k, d in raw.items():
+        w = d / n
+        w = np.where(np.abs(w) < cutoff, 0.0, w)
+        expected[k] = np.clip(w, -args["gamma"], args["gamma"]) * n
+    flat = lambda t: np.concatenate([v.ravel() for v in t.values()])  # noqa: E731
+    raw_f, got_f, exp_f = flat(raw), flat(got), flat(expected)
+
+    assert (raw_f == 0).mean() < 0.01, "the unfiltered update should change (almost) every weight"
+    zero = (got_f == 0).mean()
+    assert abs(zero - args["percentile"] / 100) < 0.02, f"{zero:.3f} of the strict update is zero"
+    assert np.abs(got_f).max() <= args["gamma"] * n * (1 + 1e-5)
+    close = np.isclose(got_f, exp_f, rtol=1e-4, atol=1e-6).mean()
+    assert close > 0.999, f"only {close:.4f} of the strict update matches PercentilePrivacy of the unfiltered one"
+    assert not np.allclose(got_f, raw_f, atol=1e-6), "the strict update equals the unfiltered one: no filter ran"
+    print(f"strict scope: {zero:.3f} zeroed, {(np.abs(exp_f) >= args['gamma'] * n * (1 - 1e-6)).mean():.3f} clipped, "
+          f"{close:.4f} match PercentilePrivacy exactly")
+
+
+@pytest.mark.skipif(not _has_fedsm(), reason="jobs/fedsm is not in this checkout")
+def test_fedsm_through_the_admin_api(fed, jobs, sess, tmp_path):
+    job_id = jobs["fedsm"]
+    meta = _wait(sess, job_id)
+    assert meta["status"] == "FINISHED:COMPLETED", meta
+    ws = _download(fed, sess, job_id)
+    saved = sorted(p.name for p in (ws / "app_server").glob("*.pt"))
+    assert saved, f"FedSM saved no model in {ws / 'app_server'}"
+    scalars = read_scalars(ws / "tb_events")
+    assert set(scalars) >= set(fed.sites), scalars.keys()
+    from medflare.fedsm.supermodel import SUPER_MODEL_FILE
+
+    site = fed.sites[1]
+    result = _evaluate(ws / "app_server" / SUPER_MODEL_FILE, fed.data / f"{site}.json", tmp_path / "eval.json")
+    assert 0.0 <= result["mean"]["dice"] <= 1.0 and result["per_case"], result

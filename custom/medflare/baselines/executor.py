@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from nvflare.apis.fl_constant import FLMetaKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable
@@ -49,7 +51,9 @@ class SupervisedExecutor(SiteExecutor):
         load_numpy_state(self.model, incoming.params)
         sent = state_to_numpy(self.model)
 
+        tic = time.perf_counter()
         metrics = self.validate(self.model)
+        validate_s = time.perf_counter() - tic
         self.tracker.scalars(fl_ctx, metrics, rnd, prefix="val_global/")
         self.log_overlays(fl_ctx, self.model, "val_global", rnd, incoming.total_rounds)
         self.log_info(fl_ctx, f"round {rnd}: global model on '{self.site}' validation: {_fmt(metrics)}")
@@ -65,6 +69,7 @@ class SupervisedExecutor(SiteExecutor):
             self.scaffold = self.scaffold or ScaffoldState(self.model)
             after_step = self.scaffold.begin_round(self.model, controls, train["lr"])
 
+        tic = time.perf_counter()
         stats = train_epochs(
             self.model,
             self.loader("train", shuffle=True, round_num=rnd),
@@ -77,8 +82,13 @@ class SupervisedExecutor(SiteExecutor):
             after_step=after_step,
             should_stop=lambda: abort_signal.triggered,
         )
-        self.tracker.scalars(fl_ctx, {"train_loss": stats.mean_loss}, rnd)
-        self.log_info(fl_ctx, f"round {rnd}: {stats.steps} local steps, mean loss {stats.mean_loss:.4f}")
+        train_s = time.perf_counter() - tic
+        self.tracker.scalars(fl_ctx, {"train_loss": stats.mean_loss, "time/train_s": train_s, "time/validate_s": validate_s}, rnd)
+        self.log_info(
+            fl_ctx,
+            f"round {rnd}: {stats.steps} local steps, mean loss {stats.mean_loss:.4f} "
+            f"(compute: validate {validate_s:.2f} s, train {train_s:.2f} s)",
+        )
 
         diff = weight_diff(state_to_numpy(self.model), sent)
         check_finite(diff, self.site)

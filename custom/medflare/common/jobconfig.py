@@ -31,12 +31,16 @@ def customize_job(
     workflow_args: Mapping[str, Any] | None = None,
     executor_args: Mapping[str, Any] | None = None,
     task_result_filters: list[dict] | None = None,
+    server_settings: Mapping[str, Any] | None = None,
+    client_settings: Mapping[str, Any] | None = None,
 ) -> Path:
     """Copy job ``src`` to ``dst`` and set the given values in every app's configs; returns ``dst``.
 
     ``preset``/``overrides`` go to every medflare component that takes them (persistor and executors),
     ``workflow_args`` (e.g. num_rounds, num_clients) to every workflow, ``executor_args`` to every executor,
-    ``task_result_filters`` replaces the client configs' result filters.
+    ``task_result_filters`` replaces the client configs' result filters; ``server_settings`` /
+    ``client_settings`` set top-level keys of the server / client config (e.g. ``{"server":
+    {"task_request_interval": 0.1}}`` or ``{"default_task_fetch_interval": 0.1}``).
     """
     src, dst = Path(src), Path(dst)
     if not (src / "meta.json").is_file():
@@ -57,7 +61,9 @@ def customize_job(
             wf.setdefault("args", {}).update(workflow_args or {})
         for entry in config.get("executors", []):
             entry["executor"].setdefault("args", {}).update(executor_args or {})
-        if task_result_filters is not None and path.name == "config_fed_client.json":
+        is_client = path.name == "config_fed_client.json"
+        if task_result_filters is not None and is_client:
             config["task_result_filters"] = task_result_filters
+        config.update((client_settings if is_client else server_settings) or {})
         path.write_text(json.dumps(config, indent=2))
     return dst

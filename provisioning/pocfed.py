@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -95,8 +96,12 @@ def install_templates(kit: str | Path, role: str, data_dir: str | Path | None = 
 class PocFederation:
     """One POC federation under ``root`` (see the module docstring). Use as a context manager: always stopped."""
 
-    def __init__(self, root: str | Path, n_sites: int = 2, data_dir: str | Path | None = None, templates: bool = True):
+    def __init__(
+        self, root: str | Path, n_sites: int = 2, data_dir: str | Path | None = None, templates: bool = True, owner_pid: int | None = None
+    ):
+        """``owner_pid``: the process whose death makes this federation stale (tests pass their own pid)."""
         self.root = Path(root).resolve()
+        self.owner_pid = owner_pid
         self.n_sites = n_sites
         self.data_dir = data_dir
         self.templates = templates
@@ -153,6 +158,8 @@ class PocFederation:
         if self.root.exists():
             shutil.rmtree(self.root)
         self.home.mkdir(parents=True)
+        if self.owner_pid is not None:
+            (self.root / "owner.pid").write_text(str(self.owner_pid))
         self.project = poc_project(self.n_sites)
         self.project_file.write_text(yaml.safe_dump(self.project, sort_keys=False))
         self._nvflare("poc", "prepare", "-i", str(self.project_file), "--force", timeout=180)
@@ -251,6 +258,43 @@ class PocFederation:
                 time.sleep(0.2)
             if not pids:
                 return
+
+
+_FED_ROOT = re.compile(r"(/\S*?/poc\d*/fed)/ws/")
+
+
+def kill_stale_test_federations() -> list[str]:
+    """Kill federations left by earlier test runs whose pytest process is gone; returns their roots.
+
+    A test federation lives under ``.../poc<N>/fed`` and records its owner's pid in ``fed/owner.pid``; one
+    whose owner is dead (or whose folder pytest has already deleted) can only be a leftover of a run that
+    was killed before its teardown. Federations of live test runs are left alone.
+    """
+    roots = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        match = _FED_ROOT.search(cmdline)
+        if match:
+            roots.add(match.group(1))
+    stale = []
+    for root in sorted(roots):
+        owner_file = Path(root) / "owner.pid"
+        if Path(root).exists() and not owner_file.exists():
+            continue  # a federation started by hand (pocfed.py up): not ours to judge
+        try:
+            owner = int(owner_file.read_text())
+            alive = Path(f"/proc/{owner}").exists() and not _is_zombie(owner)
+        except (OSError, ValueError):
+            alive = False  # its folder was deleted (pytest keeps the last 3 runs)
+        if not alive:
+            PocFederation(root).kill_leftovers()
+            stale.append(root)
+    return stale
 
 
 def _is_zombie(pid: int) -> bool:

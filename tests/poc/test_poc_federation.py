@@ -52,8 +52,11 @@ pocfed = _load_pocfed()
 # ---- the federation and its jobs -------------------------------------------------------------
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory):
+    stale = pocfed.kill_stale_test_federations()  # of earlier runs killed before their teardown
+    if stale:
+        print(f"killed processes of stale POC federations: {stale}")
     root = tmp_path_factory.mktemp("poc")
-    federation = pocfed.PocFederation(root / "fed", n_sites=2, data_dir=root / "data")
+    federation = pocfed.PocFederation(root / "fed", n_sites=2, data_dir=root / "data", owner_pid=os.getpid())
     old_home = os.environ.get("HOME")
     os.environ["HOME"] = str(federation.home)  # the Session API in this process: nothing under the user's ~
     try:

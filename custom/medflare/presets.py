@@ -76,23 +76,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train": {"epochs": 1, "batch_size": 64, "lr": 1e-2, "optimizer": "sgd", "loss": "ce", "max_steps": 0},
         "eval": {"metrics": ["accuracy"], "key_metric": "accuracy"},
     },
-    # Small classification variant for end-to-end tests (a third of the images, narrower ConvNet).
-    "cls_synthetic_tiny": {
-        "data": {
-            "kind": "synthetic_cls",
-            "image_size": 28,
-            "channels": 1,
-            "num_classes": 10,
-            "num_sites": 10,
-            "beta": 0.1,
-            "style_shift": True,
-            "seed": 0,
-            "scale": 0.34,
-        },
-        "model": {"name": "convnet", "args": {"in_channels": 1, "num_classes": 10, "image_size": 28, "width": 32}},
-        "train": {"epochs": 2, "batch_size": 32, "lr": 2e-2, "optimizer": "sgd", "loss": "ce", "max_steps": 0},
-        "eval": {"metrics": ["accuracy"], "key_metric": "accuracy"},
-    },
     # Classification on a site's own MedMNIST-layout .npz (MEDFLARE_DATA/<site>.npz).
     "cls_medmnist": {
         "data": {"kind": "npz", "num_classes": 10, "channels": 1},
@@ -133,3 +116,18 @@ def get_preset(name: str, overrides: Mapping | None = None) -> dict[str, Any]:
     if name not in PRESETS:
         raise MedflareError(f"unknown preset '{name}' (known: {sorted(PRESETS)})")
     return _merge(copy.deepcopy(PRESETS[name]), overrides or {}, "")
+
+
+def _derive(base: str, overrides: Mapping) -> dict[str, Any]:
+    return _merge(copy.deepcopy(PRESETS[base]), overrides, "")
+
+
+# Small classification variant for end-to-end tests: a third of the images, a narrower ConvNet.
+PRESETS["cls_synthetic_tiny"] = _derive(
+    "cls_synthetic",
+    {
+        "data": {"scale": 0.34},
+        "model": {"args": {"in_channels": 1, "num_classes": 10, "image_size": 28, "width": 32}},
+        "train": {"epochs": 2, "batch_size": 32, "lr": 2e-2},
+    },
+)

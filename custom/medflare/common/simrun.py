@@ -48,14 +48,19 @@ def run_simulator(
     timeout: float = 900,
     env: dict[str, str] | None = None,
 ) -> SimRun:
-    """``nvflare simulator job -w workspace -n N -t N [-c names]`` with FLARE's memory advice; raises on timeout."""
+    """``nvflare simulator job -w workspace -n N -t N [-c names]`` with FLARE's memory advice; raises on timeout.
+
+    Sites get cpu_count // N compute threads each (OMP_NUM_THREADS, unless the caller's environment sets it).
+    """
     cmd = [
         sys.executable, "-m", "nvflare.cli", "simulator", str(job),
         "-w", str(workspace), "-n", str(n_clients), "-t", str(threads or n_clients),
     ]
     if clients:
         cmd += ["-c", ",".join(clients)]
-    full_env = {**os.environ, "MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1", **(env or {})}
+    # One process per site: share the cores between them instead of letting each spawn a thread per core.
+    threads_per_site = str(max(1, (os.cpu_count() or 1) // n_clients))
+    full_env = {"OMP_NUM_THREADS": threads_per_site, **os.environ, "MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1", **(env or {})}
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)

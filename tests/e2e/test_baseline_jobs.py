@@ -67,3 +67,12 @@ def test_classification_preset_runs_through_the_same_job(repo, tmp_path):
         assert acc[2] > acc[0] + 0.1 and acc[2] > 0.4, f"{site}: accuracy {acc}"
     test = _evaluate(run.app_server / "FL_global_model.pt", "site-1", tmp_path / "eval.json")
     assert test["accuracy"] > 0.4, test
+
+
+def test_a_site_without_data_stops_the_job_with_a_clear_error(repo, tmp_path):
+    folder = customize_job(repo / "jobs" / "fedavg", tmp_path / "job", preset="seg_datalist",
+                           workflow_args={"num_rounds": 2, "num_clients": SITES})
+    run = run_simulator(folder, tmp_path / "ws", SITES, clients=CLIENTS, timeout=300)
+    assert "site 'site-1': data kind 'datalist' needs the site's own data; set $MEDFLARE_DATA" in run.log
+    assert run.seconds < 240  # ends, does not wait for the missing site forever
+    assert not (run.app_server / "best_FL_global_model.pt").exists()

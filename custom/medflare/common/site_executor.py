@@ -76,9 +76,9 @@ class SiteExecutor(Executor):
                 self.data = load_site(self.site, self.cfg["data"], local_dir=local_dir)
                 torch.manual_seed(self.seed)
                 self.setup(fl_ctx)
-            except MedflareError as e:
-                self.log_error(fl_ctx, f"site '{self.site}': {e}")
-                self.system_panic(f"site '{self.site}' cannot start: {e}", fl_ctx)
+            except MedflareError as e:  # the data layer's message already names the site and file
+                self.log_error(fl_ctx, str(e))
+                self.system_panic(f"cannot start: {e}", fl_ctx)
                 return
             self.log_info(
                 fl_ctx,

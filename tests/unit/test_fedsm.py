@@ -1,0 +1,158 @@
+"""FedSM functional core: SoftPull (Eq. 11), weighted averaging, Algorithm 2 routing, Eq. 1 labels,
+selector moments and the super-model file; no FLARE involved."""
+
+import numpy as np
+import pytest
+import torch
+
+from medflare import MedflareError
+from medflare.fedsm.extra import extra_labels, per_case_losses
+from medflare.fedsm.protocol import adam_moments, load_adam_moments
+from medflare.fedsm.routing import GLOBAL, SuperModelPredictor, route, selection_frequency
+from medflare.fedsm.selector import StyleSelector, build_selector
+from medflare.fedsm.softpull import softpull, weighted_mean
+from medflare.fedsm.supermodel import load_super_model, save_super_model
+from medflare.common.persistence import describe
+from medflare.common.payload import state_to_numpy
+
+
+def _three():
+    return [{"w": np.array([1.0, 0.0]), "n": np.array(5)}, {"w": np.array([4.0, 3.0]), "n": np.array(7)}, {"w": np.array([7.0, 9.0]), "n": np.array(9)}]
+
+
+def test_softpull_k3_hand_computed():
+    out = softpull(_three(), 0.7)
+    # site 1: 0.7*[1,0] + 0.15*([4,3]+[7,9]) = [0.7+1.65, 0+1.8] = [2.35, 1.8]
+    np.testing.assert_allclose(out[0]["w"], [2.35, 1.8])
+    # site 2: 0.7*[4,3] + 0.15*([1,0]+[7,9]) = [2.8+1.2, 2.1+1.35] = [4.0, 3.45]
+    np.testing.assert_allclose(out[1]["w"], [4.0, 3.45])
+    # site 3: 0.7*[7,9] + 0.15*([1,0]+[4,3]) = [4.9+0.75, 6.3+0.45] = [5.65, 6.75]
+    np.testing.assert_allclose(out[2]["w"], [5.65, 6.75])
+    assert [int(o["n"]) for o in out] == [5, 7, 9]  # integer counters (BN num_batches_tracked) stay the site's own
+
+
+def test_softpull_limits():
+    models = _three()
+    for o in softpull(models, 1 / 3):
+        np.testing.assert_allclose(o["w"], [4.0, 4.0])  # plain mean = FedAvg's hard averaging
+    for o, m in zip(softpull(models, 1.0), models):
+        np.testing.assert_allclose(o["w"], m["w"])  # local training
+    np.testing.assert_allclose(models[0]["w"], [1.0, 0.0])  # inputs untouched
+
+
+@pytest.mark.parametrize("lam", [0.2, 1.5])
+def test_softpull_rejects_lambda_outside_range(lam):
+    with pytest.raises(MedflareError, match="lambda"):
+        softpull(_three(), lam)
+
+
+def test_softpull_rejects_mismatched_models():
+    with pytest.raises(MedflareError, match="different parameter names"):
+        softpull([{"a": np.zeros(1)}, {"b": np.zeros(1)}], 0.7)
+
+
+def test_weighted_mean_uses_nk():
+    out = weighted_mean([{"w": np.array([0.0], dtype=np.float32)}, {"w": np.array([4.0], dtype=np.float32)}], [3, 1])
+    np.testing.assert_allclose(out["w"], [1.0])
+    assert out["w"].dtype == np.float32
+    with pytest.raises(MedflareError, match="weight"):
+        weighted_mean([{"w": np.zeros(1)}], [0])
+
+
+def test_route_gamma_algorithm2():
+    probs = torch.tensor([[0.95, 0.05, 0.0], [0.5, 0.3, 0.2], [0.1, 0.0, 0.9]])
+    assert route(probs, 0.9).tolist() == [0, GLOBAL, GLOBAL]  # 0.9 is not > 0.9
+    assert route(probs, 0.0).tolist() == [0, 0, 2]  # gamma 0: always a personalised model
+    assert route(probs, 1.0).tolist() == [GLOBAL] * 3  # gamma 1: always the global model
+    # FedSM-extra selector: column 0 is the global model
+    assert route(probs, 0.0, global_class=True).tolist() == [GLOBAL, GLOBAL, 1]
+
+
+class _Const(torch.nn.Module):
+    """Outputs a constant: logits (B, C, H, W) filled with ``value`` or selector logits ``value``."""
+
+    def __init__(self, value, shape=None):
+        super().__init__()
+        self.value, self.shape = torch.as_tensor(value, dtype=torch.float32), shape
+
+    def forward(self, x):
+        if self.shape is None:
+            return self.value.expand(x.shape[0], -1)
+        return self.value.view(1, -1, 1, 1).expand(x.shape[0], -1, *x.shape[2:])
+
+
+def test_super_model_predictor_uses_selected_model():
+    g = _Const([9.0, 0.0], shape=True)
+    p = [_Const([0.0, 9.0], shape=True), _Const([0.0, 9.0], shape=True)]
+    confident = SuperModelPredictor(g, p, _Const([10.0, 0.0]), gamma=0.9)
+    out = confident(torch.zeros(2, 1, 4, 4))
+    assert out.argmax(1).unique().tolist() == [1] and confident.choices == [0, 0]
+    unsure = SuperModelPredictor(g, p, _Const([0.1, 0.0]), gamma=0.9)
+    assert unsure(torch.zeros(3, 1, 4, 4)).argmax(1).unique().tolist() == [0]
+    assert selection_frequency(unsure.choices, ["site-1", "site-2"]) == {"GM": 1.0, "site-1": 0.0, "site-2": 0.0}
+
+
+def test_extra_labels_eq1_toy():
+    # rows = models [global, person-1, person-2], columns = 3 cases: lowest loss wins, ties -> lower index
+    losses = torch.tensor([[0.5, 0.2, 0.3], [0.1, 0.4, 0.3], [0.7, 0.4, 0.1]])
+    assert extra_labels(losses).tolist() == [1, 0, 2]
+    assert extra_labels(torch.tensor([[0.3], [0.3]])).tolist() == [0]
+    with pytest.raises(MedflareError):
+        extra_labels(torch.zeros(1, 3))
+
+
+def test_per_case_losses_pick_the_right_model():
+    label = torch.zeros(2, 1, 4, 4, dtype=torch.long)
+    label[1] = 1
+    models = [_Const([5.0, -5.0], shape=True), _Const([-5.0, 5.0], shape=True)]
+    ce = torch.nn.CrossEntropyLoss()
+    losses = per_case_losses(models, torch.zeros(2, 1, 4, 4), label, lambda lo, la: ce(lo, la[:, 0]))
+    assert losses.shape == (2, 2) and extra_labels(losses).tolist() == [0, 1]
+
+
+def test_adam_moments_roundtrip():
+    torch.manual_seed(0)
+    net = StyleSelector(1, 3, width=4, depth=2)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    assert adam_moments(opt, net) == {}
+    net(torch.rand(2, 1, 8, 8)).sum().backward()
+    opt.step()
+    moments = adam_moments(opt, net)
+    other = StyleSelector(1, 3, width=4, depth=2)
+    opt2 = torch.optim.Adam(other.parameters(), lr=1e-3)
+    load_adam_moments(opt2, other, moments)
+    again = adam_moments(opt2, other)
+    assert sorted(again) == sorted(moments)
+    for k in moments:
+        np.testing.assert_allclose(again[k], moments[k])
+
+
+def test_style_selector_shapes_and_builder():
+    net = build_selector({"name": "style_selector", "args": {"in_channels": 1, "num_classes": 4}})
+    assert net(torch.rand(3, 1, 32, 32)).shape == (3, 4)
+    vgg = build_selector({"name": "vgg11_selector", "args": {"in_channels": 1, "num_classes": 4}})
+    assert vgg(torch.rand(2, 1, 32, 32)).shape == (2, 4)
+    with pytest.raises(MedflareError, match="num_classes"):
+        StyleSelector(1, 0)
+
+
+def test_super_model_file_roundtrip(tmp_path):
+    from medflare.common.persistence import model_from_preset
+
+    net = state_to_numpy(model_from_preset("seg_synthetic_tiny"))
+    spec = {"name": "style_selector", "args": {"in_channels": 1, "num_classes": 2, "width": 4, "depth": 2}}
+    sel = state_to_numpy(build_selector(spec))
+    path = tmp_path / "sm.pt"
+    save_super_model(
+        path, description=describe("seg_synthetic_tiny", kind="super_model"), sites=["site-1", "site-2"],
+        selector_spec=spec, global_class=False, global_params=net, person_params={"site-1": net, "site-2": net},
+        selector_params=sel, lam=0.7, round_num=3, metrics={"super_dice": 0.5},
+    )
+    assert torch.load(path, weights_only=True)["sites"] == ["site-1", "site-2"]
+    sm = load_super_model(path)
+    assert len(sm.person_models) == 2 and sm.info["round"] == 3 and sm.info["lambda"] == pytest.approx(0.7)
+    out = sm.predictor(0.9)(torch.rand(2, 1, 32, 32))
+    assert out.shape == (2, 3, 32, 32)
+    with pytest.raises(MedflareError, match="not a FedSM super model"):
+        torch.save({"model": {}}, tmp_path / "plain.pt")
+        load_super_model(tmp_path / "plain.pt")

@@ -1,0 +1,221 @@
+"""FedSM server workflow (Algorithm 1, lines 3-17): per-site payloads in parallel, FedAvg + SoftPull, the super model.
+
+Each round the server sends every site, at once and each its own task, the global model, that site's
+personalised model and the selector; it waits for the standing tasks, then sets the global model and the
+selector to the n_k/n-weighted averages and the personalised models by SoftPull (Eq. 11). It keeps all K
+personalised models between rounds and saves the super model (see :mod:`.supermodel`) after every round
+and, separately, whenever the sites' mean validation super-model Dice is the best so far.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from nvflare.apis.fl_constant import FLMetaKey
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.workflows.model_controller import ModelController
+
+from medflare import MedflareError
+from medflare.common.payload import flatten, nbytes, state_to_numpy, unflatten
+from medflare.common.persistence import describe, model_from_preset
+from medflare.fedsm import protocol as P
+from medflare.fedsm.softpull import softpull, weighted_mean
+from medflare.fedsm.supermodel import BEST_SUPER_MODEL_FILE, SUPER_MODEL_FILE, save_super_model
+from medflare.fedsm.selector import build_selector
+from medflare.presets import get_preset
+
+DEFAULT_SELECTOR = {"name": "style_selector", "args": {"width": 16, "depth": 3}}
+
+
+class FedSMController(ModelController):
+    """FedSM: global model by FedAvg, personalised models by SoftPull, model selector by FedAvg (+ Adam moments).
+
+    Args:
+        num_rounds: main training rounds (Algorithm 1). Default 10.
+        softpull_lambda: lambda of Eq. 11 in [1/K, 1]; 1/K = FedAvg, 1 = local training. Default 0.7 (paper,
+            low-similarity sites).
+        extra_rounds: FedSM-extra rounds after the main ones: the selector (then with K + 1 outputs, column 0
+            = global model) is trained only there, with Eq. 1 labels; 0 = plain FedSM. Default 0.
+        gamma: routing threshold used for the super-model Dice the sites report each round (evaluation
+            only: training never uses it; FedSM-extra routes by argmax, gamma 0). Default 0.9.
+        preset / overrides / seed: the segmentation network, as the sites' executors (must match). Defaults
+            "seg_synthetic", none, 0.
+        selector: ``{"name", "args"}`` of the selector; ``num_classes`` and ``in_channels`` are filled in.
+            Default vgg11_selector width 0.125, head 64 (~0.15M parameters).
+        sync_selector_moments: average the selector's Adam moments over sites each round (each site sees
+            only its own label; without the sync its Adam state drives the selector to that label). Default true.
+        min_responses: fewest sites whose results make a round; fewer ends the job with an error.
+            0 = all sites. Default 0.
+        train_timeout: seconds a site may take for one task before the server stops waiting for it; 0 =
+            wait forever (a dead site then hangs the job). Default 3600.
+        train_task / validate_task: task names. Defaults "train", "validate".
+        task_check_period: seconds between checks of the standing tasks. Default 0.2.
+    """
+
+    def __init__(
+        self,
+        num_rounds: int = 10,
+        softpull_lambda: float = 0.7,
+        extra_rounds: int = 0,
+        gamma: float = 0.9,
+        preset: str = "seg_synthetic",
+        overrides: Mapping[str, Any] | None = None,
+        seed: int = 0,
+        selector: Mapping[str, Any] | None = None,
+        sync_selector_moments: bool = True,
+        min_responses: int = 0,
+        train_timeout: int = 3600,
+        train_task: str = "train",
+        validate_task: str = "validate",
+        task_check_period: float = 0.2,
+    ):
+        # No FLARE persistor: the super model is not one flat weight dict; the controller writes it itself.
+        # Site errors are handled here (min_responses), not by FLARE's per-task panic.
+        super().__init__(persistor_id="", ignore_result_error=True, task_check_period=task_check_period)
+        for key, value, low in (("num_rounds", num_rounds, 1), ("extra_rounds", extra_rounds, 0), ("min_responses", min_responses, 0), ("train_timeout", train_timeout, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise MedflareError(f"FedSMController: '{key}' must be an int >= {low}, got {value!r}")
+        if not 0 <= float(gamma) <= 1:
+            raise MedflareError(f"FedSMController: 'gamma' must lie in [0, 1], got {gamma!r}")
+        self.num_rounds, self.extra_rounds = num_rounds, extra_rounds
+        self.lam, self.gamma = float(softpull_lambda), float(gamma)
+        self.preset, self.overrides, self.seed = preset, dict(overrides or {}), int(seed)
+        self.selector_spec = {"name": (selector or DEFAULT_SELECTOR)["name"], "args": dict((selector or DEFAULT_SELECTOR).get("args", {}))}
+        self.sync_moments = bool(sync_selector_moments)
+        self.min_responses, self.train_timeout = min_responses, train_timeout
+        self.train_task, self.validate_task = train_task, validate_task
+        self._results: dict[str, FLModel] = {}
+
+    # ---- state -------------------------------------------------------------------------------
+    def _init_state(self) -> None:
+        self.sites = sorted(c.name for c in self.engine.get_clients())
+        K = len(self.sites)
+        if not 1.0 / K - 1e-9 <= self.lam <= 1.0 + 1e-9:
+            raise MedflareError(f"softpull_lambda={self.lam} must lie in [1/K, 1] for K={K} sites")
+        self.global_class = self.extra_rounds > 0
+        cfg = get_preset(self.preset, self.overrides)
+        self.selector_spec["args"].update(
+            in_channels=cfg["model"]["args"].get("in_channels", 1), num_classes=K + int(self.global_class)
+        )
+        start = state_to_numpy(model_from_preset(self.preset, self.overrides, self.seed))
+        self.global_params = start
+        # All personalised models start from the initial global model (as in the reference).
+        self.person = {s: {k: v.copy() for k, v in start.items()} for s in self.sites}
+        torch.manual_seed(self.seed)
+        self.select = state_to_numpy(build_selector(self.selector_spec))
+        self.moments: dict[str, np.ndarray] = {}
+        self.description = describe(self.preset, self.overrides, kind="super_model")
+        self.best = -np.inf
+
+    def _payload(self, site: str, phase: str) -> dict[str, np.ndarray]:
+        models = {"global": self.global_params, "select": self.select}
+        if phase == "extra":  # Eq. 1 needs every personalised model at every site
+            models.update({f"person_{i}": self.person[s] for i, s in enumerate(self.sites)})
+        else:
+            models["person"] = self.person[site]
+        return flatten(models)
+
+    # ---- one round ---------------------------------------------------------------------------
+    def _collect(self, result: FLModel) -> bool:
+        self._results[result.meta["client_name"]] = result
+        return True
+
+    def _round(self, task: str, rnd: int, phase: str, total: int) -> dict[str, FLModel]:
+        """Send each site its own payload (all at once), wait for the standing tasks, return results by site."""
+        self._results = {}
+        sent = {}
+        for site in self.sites:
+            meta = {
+                P.SITES: self.sites, P.SELECTOR: self.selector_spec, P.GLOBAL_CLASS: self.global_class,
+                P.PHASE: phase, P.GAMMA: 0.0 if self.global_class else self.gamma,
+                P.TRAIN_SELECTOR: not self.global_class or phase == "extra",
+                P.SELOPT: self.moments if self.sync_moments else {},
+            }
+            params = self._payload(site, phase)
+            sent[site] = nbytes(params) + nbytes(meta[P.SELOPT])
+            model = FLModel(params_type=ParamsType.FULL, params=params, meta=meta, current_round=rnd, total_rounds=total)
+            self.send_model(task, data=model, targets=[site], timeout=self.train_timeout, callback=self._collect)
+        start = time.perf_counter()
+        while self.get_num_standing_tasks():
+            if self.abort_signal.triggered:
+                return {}
+            time.sleep(self._task_check_period)
+        results = dict(self._results)
+        need = self.min_responses or len(self.sites)
+        if len(results) < need:
+            missing = sorted(set(self.sites) - set(results))
+            raise MedflareError(f"round {rnd}: {len(results)} of {len(self.sites)} sites answered (no result from {missing}); min_responses={need}")
+        for site, res in results.items():
+            got = nbytes(res.params or {}) + nbytes(res.meta.get(P.SELOPT) or {})
+            filters = res.meta.get(FLMetaKey.FILTER_HISTORY)
+            self.info(f"round {rnd} {task}: {site} sent {sent[site]} B, received {got} B" + (f", result filters {filters}" if filters else ""))
+        self.info(f"round {rnd} {task}: {len(results)} sites in {time.perf_counter() - start:.1f} s; {sum(sent.values())} B out")
+        return results
+
+    def _aggregate(self, results: dict[str, FLModel], phase: str) -> None:
+        """FedAvg of global and selector (n_k/n), SoftPull of the personalised models (Eq. 11)."""
+        order = [s for s in self.sites if s in results]
+        weights = [float(results[s].meta.get(FLMetaKey.NUM_STEPS_CURRENT_ROUND, 1)) for s in order]
+        diffs = {s: unflatten(results[s].params) for s in order}
+        names = ("global", "select") if phase == "main" else ("select",)
+        for name in names:
+            if all(name in diffs[s] for s in order):
+                mean = weighted_mean([diffs[s][name] for s in order], weights)
+                current = self.global_params if name == "global" else self.select
+                updated = {k: current[k] + mean[k].astype(current[k].dtype) for k in current}
+                if name == "global":
+                    self.global_params = updated
+                else:
+                    self.select = updated
+        if phase == "main":
+            # A site that did not answer enters SoftPull with its model unchanged.
+            trained = [
+                {k: v + diffs[s]["person"][k].astype(v.dtype) for k, v in self.person[s].items()} if s in diffs else self.person[s]
+                for s in self.sites
+            ]
+            self.person = dict(zip(self.sites, softpull(trained, self.lam)))
+        moments = [results[s].meta.get(P.SELOPT) for s in order]
+        if self.sync_moments and all(moments):
+            self.moments = weighted_mean(moments, weights)
+
+    def _save(self, name: str, rnd: int, metrics: Mapping[str, float]) -> None:
+        save_super_model(
+            os.path.join(self.get_app_dir(), name), description=self.description, sites=self.sites,
+            selector_spec=self.selector_spec, global_class=self.global_class, global_params=self.global_params,
+            person_params=self.person, selector_params=self.select, lam=self.lam, round_num=rnd, metrics=metrics,
+        )
+
+    def _scored(self, results: dict[str, FLModel], rnd: int) -> dict[str, float]:
+        """Mean over sites of the validation metrics of the models sent this round; save them if the best."""
+        per_site = [r.metrics or {} for r in results.values()]
+        names = sorted({k for m in per_site for k in m})
+        mean = {k: float(np.mean([m[k] for m in per_site if k in m])) for k in names}
+        self.info(f"round {rnd}: mean validation " + ", ".join(f"{k}={v:.4f}" for k, v in mean.items()))
+        if mean.get("super_dice", -np.inf) > self.best:
+            self.best = mean["super_dice"]
+            self._save(BEST_SUPER_MODEL_FILE, rnd, mean)
+            self.info(f"round {rnd}: new best super model (mean validation super Dice {self.best:.4f}) -> {BEST_SUPER_MODEL_FILE}")
+        return mean
+
+    def run(self) -> None:
+        self._init_state()
+        total = self.num_rounds + self.extra_rounds
+        self.info(f"FedSM: sites {self.sites}, lambda {self.lam}, {self.num_rounds} rounds + {self.extra_rounds} extra")
+        for rnd in range(total):
+            phase = "main" if rnd < self.num_rounds else "extra"
+            results = self._round(self.train_task, rnd, phase, total)
+            if not results:
+                return
+            # The metrics describe the models sent this round (validated before training): save those if best.
+            # In FedSM-extra the selector is untrained during the main rounds: "best" is judged only after them.
+            mean = self._scored(results, rnd) if not self.global_class or phase == "extra" else {}
+            self._aggregate(results, phase)
+            self._save(SUPER_MODEL_FILE, rnd + 1, {})  # not scored yet: the next round's validation scores it
+        results = self._round(self.validate_task, total, "extra" if self.global_class else "main", total)
+        if results:
+            self._save(SUPER_MODEL_FILE, total, self._scored(results, total))
+        self.info(f"FedSM finished: super model in {os.path.join(self.get_app_dir(), SUPER_MODEL_FILE)}")

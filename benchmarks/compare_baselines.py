@@ -61,7 +61,8 @@ def run_fl(job: str, sites: list[str], rounds: int, preset: str, work: Path) -> 
     ]
     model, _ = load_model(model_file)
     table = score_sites(model, sites, preset)
-    table.update(curve=curve, seconds=run.seconds)
+    # Sites validate the global model they receive, so round r's score is that of r completed rounds.
+    table.update(curve=curve, curve_x=list(range(rounds)), seconds=run.seconds)
     return table
 
 
@@ -73,6 +74,7 @@ def run_standalone_row(mode: str, sites: list[str], rounds: int, preset: str) ->
     table = run_standalone(mode, preset, sites, epochs=rounds * epochs_per_round, log=lambda m: None)
     # One point per FL round: the validation score after that round's worth of epochs.
     table["curve"] = table["curve"][epochs_per_round - 1 :: epochs_per_round]
+    table["curve_x"] = list(range(1, rounds + 1))
     return table
 
 
@@ -84,8 +86,8 @@ def plot_curves(rows: dict[str, dict[str, Any]], path: Path, metric: str) -> Non
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for method, row in rows.items():
-        ax.plot(range(1, len(row["curve"]) + 1), row["curve"], marker="o", ms=3, label=method)
-    ax.set_xlabel("round (FL) / equivalent epochs (local, central)")
+        ax.plot(row["curve_x"], row["curve"], marker="o", ms=3, label=method)
+    ax.set_xlabel("completed rounds (FL) / round-equivalent epochs (local, central)")
     ax.set_ylabel(f"client-average validation {metric}")
     ax.set_title("Synthetic non-IID segmentation sites")
     ax.grid(alpha=0.3)
@@ -102,7 +104,12 @@ def main(argv=None) -> int:
     parser.add_argument("--preset", default="seg_synthetic")
     parser.add_argument("--methods", default="fedavg,fedprox,scaffold,local,central")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "baselines"))
+    parser.add_argument("--replot", action="store_true", help="only redraw curves.png from results.json")
     args = parser.parse_args(argv)
+    if args.replot:
+        rows = json.loads((Path(args.out) / "results.json").read_text())
+        plot_curves(rows, Path(args.out) / "curves.png", get_preset(args.preset)["eval"]["key_metric"])
+        return 0
     sites = [f"site-{i}" for i in range(1, args.sites + 1)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,9 @@ n_k-weighted mean of the weights and, with "sync", of the Adam moments):
     adam-stepsN-sync   at most N mini-batch Adam steps per round, moments averaged
     sgd-full1-exact    one full-batch plain-SGD step per round: the n_k-weighted mean of the sites' steps is
                        exactly one centralised full-batch gradient step (no optimiser state to sync)
+    ccvr               what the job does (medflare.fedsm.calibrate): the selector body stays as initialised,
+                       sites send feature mean/covariance once, the server fits the head on Gaussian samples
+                       (the same accuracy every round: nothing is trained after round 1)
 Writes benchmarks/results/fedsm/selector_sync.md and prints validation accuracy per round.
 """
 
@@ -25,11 +28,13 @@ from pathlib import Path
 
 import torch
 
+import numpy as np
+from torch.utils.data import Dataset
+
 from medflare.common.payload import load_numpy_state, state_to_numpy
 from medflare.common.training import make_loader, make_loss, train_epochs
 from medflare.data import load_site
-from medflare.fedsm.executor import _WithLabels
-from medflare.fedsm.protocol import adam_moments, load_adam_moments
+from medflare.fedsm.calibrate import feature_stats, fit_head, selector_features, set_head
 from medflare.fedsm.softpull import weighted_mean
 from medflare.fedsm.selector import build_selector
 from medflare.presets import get_preset
@@ -37,7 +42,69 @@ from medflare.presets import get_preset
 OUT = Path(__file__).resolve().parent / "results" / "fedsm"
 
 
+class _WithLabels(Dataset):
+    """A site's images with selector labels (one int per case) in place of the segmentation labels."""
+
+    def __init__(self, base: Dataset, labels: list[int]):
+        self.base, self.labels = base, labels
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"image": self.base[i]["image"], "label": torch.tensor(self.labels[i], dtype=torch.long)}
+
+
+def adam_moments(optimizer: torch.optim.Adam, model: torch.nn.Module) -> dict[str, np.ndarray]:
+    """The Adam state of ``model``'s parameters (empty before the first step)."""
+    out, steps = {}, []
+    for name, p in model.named_parameters():
+        state = optimizer.state.get(p)
+        if state:
+            out[f"exp_avg.{name}"] = state["exp_avg"].detach().cpu().numpy().copy()
+            out[f"exp_avg_sq.{name}"] = state["exp_avg_sq"].detach().cpu().numpy().copy()
+            steps.append(float(state["step"]))
+    if steps:
+        out["step"] = np.asarray(max(steps))
+    return out
+
+
+def load_adam_moments(optimizer: torch.optim.Adam, model: torch.nn.Module, moments) -> None:
+    """Replace ``model``'s Adam state with averaged ``moments`` (empty = leave as is)."""
+    if not moments:
+        return
+    for name, p in model.named_parameters():
+        if f"exp_avg.{name}" in moments:
+            optimizer.state[p] = {"step": torch.tensor(float(moments["step"])),
+                                  "exp_avg": torch.as_tensor(moments[f"exp_avg.{name}"]).clone(),
+                                  "exp_avg_sq": torch.as_tensor(moments[f"exp_avg_sq.{name}"]).clone()}
+
+
+def accuracy(model, sites, data) -> float:
+    model.eval()
+    hits = total = 0
+    with torch.no_grad():
+        for k, s in enumerate(sites):
+            for batch in make_loader(data[s].val, 32, False):
+                hits += int((model(batch["image"]).argmax(1) == k).sum())
+                total += batch["image"].shape[0]
+    return hits / total
+
+
+def run_ccvr(sites, data, rounds: int, spec: dict, log) -> list[float]:
+    torch.manual_seed(0)
+    model = build_selector(spec)
+    stats = [feature_stats(selector_features(model, (b["image"] for b in make_loader(data[s].train, 32, False))), [k] * len(data[s].train))
+             for k, s in enumerate(sites)]
+    set_head(model, *fit_head(stats, len(sites)))
+    acc = accuracy(model, sites, data)
+    log(f"ccvr: val accuracy {acc:.3f}")
+    return [acc] * rounds
+
+
 def run(variant: str, sites, data, rounds: int, lr: float, spec: dict, log) -> list[float]:
+    if variant == "ccvr":
+        return run_ccvr(sites, data, rounds, spec, log)
     mode, sync = variant.split("-")[1], variant.endswith("sync")
     torch.manual_seed(0)
     model = build_selector(spec)
@@ -69,14 +136,7 @@ def run(variant: str, sites, data, rounds: int, lr: float, spec: dict, log) -> l
         if sync and variant.startswith("adam"):
             moments = weighted_mean(moms, weights)
         load_numpy_state(model, state)
-        model.eval()
-        hits = total = 0
-        with torch.no_grad():
-            for k, s in enumerate(sites):
-                for batch in make_loader(data[s].val, 32, False):
-                    hits += int((model(batch["image"]).argmax(1) == k).sum())
-                    total += batch["image"].shape[0]
-        curve.append(hits / total)
+        curve.append(accuracy(model, sites, data))
         log(f"{variant}: round {r + 1} val accuracy {curve[-1]:.3f}")
     return curve
 
@@ -87,7 +147,7 @@ def main() -> None:
     p.add_argument("-n", type=int, default=4)
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--variants", default="adam-epoch-local,adam-epoch-sync,adam-full1-local,adam-full1-sync,adam-full5-sync")
+    p.add_argument("--variants", default="adam-epoch-local,adam-epoch-sync,adam-full1-local,adam-full1-sync,adam-full5-sync,ccvr")
     p.add_argument("--selector", default='{"name": "style_selector", "args": {}}', help="selector spec as JSON")
     args = p.parse_args()
     torch.set_num_threads(1)

@@ -1,5 +1,5 @@
 """FedSM functional core: SoftPull (Eq. 11), weighted averaging, Algorithm 2 routing, Eq. 1 labels,
-selector moments and the super-model file; no FLARE involved."""
+selector head calibration from feature statistics and the super-model file; no FLARE involved."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ import torch
 
 from medflare import MedflareError
 from medflare.fedsm.extra import extra_labels, per_case_losses
-from medflare.fedsm.protocol import adam_moments, load_adam_moments
+from medflare.fedsm.calibrate import add_noise, feature_stats, fit_head, fold_standardisation, head_of, selector_features, set_head
 from medflare.fedsm.routing import GLOBAL, SuperModelPredictor, route, selection_frequency
 from medflare.fedsm.selector import StyleSelector, build_selector
 from medflare.fedsm.softpull import softpull, weighted_mean
@@ -110,21 +110,76 @@ def test_per_case_losses_pick_the_right_model():
     assert losses.shape == (2, 2) and extra_labels(losses).tolist() == [0, 1]
 
 
-def test_adam_moments_roundtrip():
+def _gaussian_site(mean, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.as_tensor(mean, dtype=torch.float64) + 0.5 * torch.randn(n, len(mean), generator=g, dtype=torch.float64)
+
+
+def test_feature_stats_match_numpy():
+    x = _gaussian_site([1.0, 2.0, 3.0], 40, 0)
+    stats = feature_stats(x, [0] * 25 + [2] * 15)
+    assert sorted(stats) == ["0", "2"] and int(stats["2"]["n"]) == 15
+    np.testing.assert_allclose(stats["0"]["mean"], x[:25].mean(0).numpy())
+    np.testing.assert_allclose(stats["2"]["cov"], np.cov(x[25:].numpy().T))
+    assert np.all(feature_stats(x[:1], [1])["1"]["cov"] == 0)  # one case: zero covariance, no NaN
+
+
+def test_fit_head_separates_two_gaussian_sites_on_raw_features():
+    # Two sites whose features differ in one dimension on a large offset and scale: the fitted head works on
+    # raw features (the standardisation is folded into the Linear weights).
+    a, b = _gaussian_site([100.0, 5.0, -3.0], 60, 1), _gaussian_site([100.0, 8.0, -3.0], 60, 2)
+    w, bias = fit_head([feature_stats(a, [0] * 60), feature_stats(b, [1] * 60)], 2)
+    pred = lambda x: (x.float() @ w.T + bias).argmax(1)  # noqa: E731
+    assert (pred(_gaussian_site([100.0, 5.0, -3.0], 50, 3)) == 0).float().mean() > 0.95
+    assert (pred(_gaussian_site([100.0, 8.0, -3.0], 50, 4)) == 1).float().mean() > 0.95
+    # deterministic for a seed
+    w2, b2 = fit_head([feature_stats(a, [0] * 60), feature_stats(b, [1] * 60)], 2)
+    assert torch.equal(w, w2) and torch.equal(bias, b2)
+
+
+def test_fold_standardisation_is_exact():
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(3, 5, generator=g, dtype=torch.float64), torch.randn(3, generator=g, dtype=torch.float64)
+    mean, std = torch.randn(5, generator=g, dtype=torch.float64), torch.rand(5, generator=g, dtype=torch.float64) + 0.1
+    x = torch.randn(7, 5, generator=g, dtype=torch.float64)
+    wf, bf = fold_standardisation(w, b, mean, std)
+    torch.testing.assert_close(x @ wf.T + bf, ((x - mean) / std) @ w.T + b)
+
+
+def test_fit_head_three_classes_one_absent_and_pooled_sites():
+    # FedSM-extra: label 0 (global) reported by nobody; label 1 reported by two sites (pooled).
+    s1 = feature_stats(_gaussian_site([0.0, 0.0], 40, 7), [1] * 40)
+    s2 = feature_stats(_gaussian_site([0.2, 0.0], 40, 8), [1] * 20 + [2] * 20)
+    s2["2"] = feature_stats(_gaussian_site([5.0, 5.0], 20, 9), [2] * 20)["2"]
+    w, bias = fit_head([s1, s2], 3)
+    logits = _gaussian_site([5.0, 5.0], 10, 10).float() @ w.T + bias
+    assert logits.argmax(1).eq(2).all() and torch.count_nonzero(w[0]) == 0 and bias[0] < bias[1:].min()
+    with pytest.raises(MedflareError, match="at least 2 labels"):
+        fit_head([s1], 3)
+    with pytest.raises(MedflareError, match="outside"):
+        fit_head([s1, feature_stats(_gaussian_site([0.0, 0.0], 5, 0), [3] * 5)], 3)
+
+
+def test_add_noise_keeps_covariance_symmetric_and_fit_still_works():
+    stats = feature_stats(_gaussian_site([0.0, 0.0, 0.0], 30, 11), [0] * 30)
+    noisy = add_noise(stats, 0.1, seed=0)
+    np.testing.assert_allclose(noisy["0"]["cov"], noisy["0"]["cov"].T)
+    assert not np.allclose(noisy["0"]["mean"], stats["0"]["mean"])
+    other = add_noise(feature_stats(_gaussian_site([3.0, 3.0, 3.0], 30, 12), [1] * 30), 0.1, seed=1)
+    w, bias = fit_head([noisy, other], 2)  # noise can make a covariance indefinite: still samples
+    assert torch.isfinite(w).all()
+
+
+def test_style_selector_head_calibration_end_to_end():
     torch.manual_seed(0)
-    net = StyleSelector(1, 3, width=4, depth=2)
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    assert adam_moments(opt, net) == {}
-    net(torch.rand(2, 1, 8, 8)).sum().backward()
-    opt.step()
-    moments = adam_moments(opt, net)
-    other = StyleSelector(1, 3, width=4, depth=2)
-    opt2 = torch.optim.Adam(other.parameters(), lr=1e-3)
-    load_adam_moments(opt2, other, moments)
-    again = adam_moments(opt2, other)
-    assert sorted(again) == sorted(moments)
-    for k in moments:
-        np.testing.assert_allclose(again[k], moments[k])
+    net = StyleSelector(1, 2, width=4, depth=2)
+    dark, bright = 0.1 * torch.rand(20, 1, 16, 16), 0.5 + 0.5 * torch.rand(20, 1, 16, 16)
+    stats = [feature_stats(selector_features(net, [dark]), [0] * 20), feature_stats(selector_features(net, [bright]), [1] * 20)]
+    set_head(net, *fit_head(stats, 2))
+    with torch.no_grad():
+        assert net(dark).argmax(1).eq(0).all() and net(bright).argmax(1).eq(1).all()
+    with pytest.raises(MedflareError, match="cannot be calibrated"):
+        head_of(build_selector({"name": "vgg11_selector", "args": {"in_channels": 1, "num_classes": 2}}))
 
 
 def test_style_selector_shapes_and_builder():

@@ -1,10 +1,12 @@
 """FedSM server workflow (Algorithm 1, lines 3-17): per-site payloads in parallel, FedAvg + SoftPull, the super model.
 
 Each round the server sends every site, at once and each its own task, the global model, that site's
-personalised model and the selector; it waits for the standing tasks, then sets the global model and the
-selector to the n_k/n-weighted averages and the personalised models by SoftPull (Eq. 11). It keeps all K
-personalised models between rounds and saves the super model (see :mod:`.supermodel`) after every round
-and, separately, whenever the sites' mean validation super-model Dice is the best so far.
+personalised model and the selector; it waits for the standing tasks, then sets the global model to the
+n_k/n-weighted average and the personalised models by SoftPull (Eq. 11). The selector's head is calibrated
+here from the sites' feature statistics (:mod:`.calibrate`; a deviation from the paper, which trains the
+selector by FedAvg: that stays at chance, see the module docstring there). It keeps all K personalised
+models between rounds and saves the super model (see :mod:`.supermodel`) after every round and,
+separately, whenever the sites' mean validation super-model Dice is the best so far.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from medflare import MedflareError
 from medflare.common.payload import flatten, nbytes, state_to_numpy, unflatten
 from medflare.common.persistence import describe, model_from_preset
 from medflare.fedsm import protocol as P
+from medflare.fedsm.calibrate import fit_head, set_head
 from medflare.fedsm.softpull import softpull, weighted_mean
 from medflare.fedsm.supermodel import BEST_SUPER_MODEL_FILE, SUPER_MODEL_FILE, save_super_model
 from medflare.fedsm.selector import build_selector
@@ -32,22 +35,22 @@ DEFAULT_SELECTOR = {"name": "style_selector", "args": {"width": 16, "depth": 3}}
 
 
 class FedSMController(ModelController):
-    """FedSM: global model by FedAvg, personalised models by SoftPull, model selector by FedAvg (+ Adam moments).
+    """FedSM: global model by FedAvg, personalised models by SoftPull, selector head calibrated from feature statistics.
 
     Args:
         num_rounds: main training rounds (Algorithm 1). Default 10.
         softpull_lambda: lambda of Eq. 11 in [1/K, 1]; 1/K = FedAvg, 1 = local training. Default 0.7 (paper,
             low-similarity sites).
         extra_rounds: FedSM-extra rounds after the main ones: the selector (then with K + 1 outputs, column 0
-            = global model) is trained only there, with Eq. 1 labels; 0 = plain FedSM. Default 0.
+            = global model) is recalibrated there with Eq. 1 labels; 0 = plain FedSM. Default 0.
         gamma: routing threshold used for the super-model Dice the sites report each round (evaluation
             only: training never uses it; FedSM-extra routes by argmax, gamma 0). Default 0.9.
         preset / overrides / seed: the segmentation network, as the sites' executors (must match). Defaults
             "seg_synthetic", none, 0.
         selector: ``{"name", "args"}`` of the selector; ``num_classes`` and ``in_channels`` are filled in.
-            Default vgg11_selector width 0.125, head 64 (~0.15M parameters).
-        sync_selector_moments: average the selector's Adam moments over sites each round (each site sees
-            only its own label; without the sync its Adam state drives the selector to that label). Default true.
+            Must have ``features()`` and a Linear ``classifier``. Default style_selector width 16, depth 3.
+        calibration: arguments of :func:`medflare.fedsm.calibrate.fit_head` (samples_per_class 500, steps 300,
+            lr 0.01, eps 1e-3). Default {}.
         min_responses: fewest sites whose results make a round; fewer ends the job with an error.
             0 = all sites. Default 0.
         train_timeout: seconds a site may take for one task before the server stops waiting for it; 0 =
@@ -66,7 +69,7 @@ class FedSMController(ModelController):
         overrides: Mapping[str, Any] | None = None,
         seed: int = 0,
         selector: Mapping[str, Any] | None = None,
-        sync_selector_moments: bool = True,
+        calibration: Mapping[str, Any] | None = None,
         min_responses: int = 0,
         train_timeout: int = 3600,
         train_task: str = "train",
@@ -85,7 +88,10 @@ class FedSMController(ModelController):
         self.lam, self.gamma = float(softpull_lambda), float(gamma)
         self.preset, self.overrides, self.seed = preset, dict(overrides or {}), int(seed)
         self.selector_spec = {"name": (selector or DEFAULT_SELECTOR)["name"], "args": dict((selector or DEFAULT_SELECTOR).get("args", {}))}
-        self.sync_moments = bool(sync_selector_moments)
+        self.calibration = dict(calibration or {})
+        unknown = set(self.calibration) - {"samples_per_class", "steps", "lr", "eps"}
+        if unknown:
+            raise MedflareError(f"FedSMController: unknown 'calibration' keys {sorted(unknown)}")
         self.min_responses, self.train_timeout = min_responses, train_timeout
         self.train_task, self.validate_task = train_task, validate_task
         self._results: dict[str, FLModel] = {}
@@ -106,8 +112,9 @@ class FedSMController(ModelController):
         # All personalised models start from the initial global model (as in the reference).
         self.person = {s: {k: v.copy() for k, v in start.items()} for s in self.sites}
         torch.manual_seed(self.seed)
-        self.select = state_to_numpy(build_selector(self.selector_spec))
-        self.moments: dict[str, np.ndarray] = {}
+        self.selector = build_selector(self.selector_spec)  # body fixed for the run; only the head is calibrated
+        self.select = state_to_numpy(self.selector)
+        self.stats: dict[str, dict] = {}  # site -> its own-label feature statistics (sent once)
         self.description = describe(self.preset, self.overrides, kind="super_model")
         self.best = -np.inf
 
@@ -132,11 +139,10 @@ class FedSMController(ModelController):
             meta = {
                 P.SITES: self.sites, P.SELECTOR: self.selector_spec, P.GLOBAL_CLASS: self.global_class,
                 P.PHASE: phase, P.GAMMA: 0.0 if self.global_class else self.gamma,
-                P.TRAIN_SELECTOR: not self.global_class or phase == "extra",
-                P.SELOPT: self.moments if self.sync_moments else {},
+                P.STATS: phase == "extra" or site not in self.stats,
             }
             params = self._payload(site, phase)
-            sent[site] = nbytes(params) + nbytes(meta[P.SELOPT])
+            sent[site] = nbytes(params)
             model = FLModel(params_type=ParamsType.FULL, params=params, meta=meta, current_round=rnd, total_rounds=total)
             self.send_model(task, data=model, targets=[site], timeout=self.train_timeout, callback=self._collect)
         start = time.perf_counter()
@@ -150,43 +156,51 @@ class FedSMController(ModelController):
             missing = sorted(set(self.sites) - set(results))
             raise MedflareError(f"round {rnd}: {len(results)} of {len(self.sites)} sites answered (no result from {missing}); min_responses={need}")
         for site, res in results.items():
-            got = nbytes(res.params or {}) + nbytes(res.meta.get(P.SELOPT) or {})
+            stats = res.meta.get(P.STATS) or {}
+            got = nbytes(res.params or {}) + sum(nbytes(s) for s in stats.values())
             filters = res.meta.get(FLMetaKey.FILTER_HISTORY)
             self.info(f"round {rnd} {task}: {site} sent {sent[site]} B, received {got} B" + (f", result filters {filters}" if filters else ""))
         self.info(f"round {rnd} {task}: {len(results)} sites in {time.perf_counter() - start:.1f} s; {sum(sent.values())} B out")
         return results
 
     def _aggregate(self, results: dict[str, FLModel], phase: str) -> None:
-        """FedAvg of global and selector (n_k/n), SoftPull of the personalised models (Eq. 11)."""
+        """FedAvg of the global model (n_k/n), SoftPull of the personalised models (Eq. 11), selector head calibration."""
         order = [s for s in self.sites if s in results]
-        weights = [float(results[s].meta.get(FLMetaKey.NUM_STEPS_CURRENT_ROUND, 1)) for s in order]
-        diffs = {s: unflatten(results[s].params) for s in order}
-        names = ("global", "select") if phase == "main" else ("select",)
-        for name in names:
-            if all(name in diffs[s] for s in order):
-                mean = weighted_mean([diffs[s][name] for s in order], weights)
-                current = self.global_params if name == "global" else self.select
-                updated = {k: current[k] + mean[k].astype(current[k].dtype) for k in current}
-                if name == "global":
-                    self.global_params = updated
-                else:
-                    self.select = updated
         if phase == "main":
+            weights = [float(results[s].meta.get(FLMetaKey.NUM_STEPS_CURRENT_ROUND, 1)) for s in order]
+            diffs = {s: unflatten(results[s].params) for s in order}
+            mean = weighted_mean([diffs[s]["global"] for s in order], weights)
+            self.global_params = {k: v + mean[k].astype(v.dtype) for k, v in self.global_params.items()}
             # A site that did not answer enters SoftPull with its model unchanged.
             trained = [
                 {k: v + diffs[s]["person"][k].astype(v.dtype) for k, v in self.person[s].items()} if s in diffs else self.person[s]
                 for s in self.sites
             ]
             self.person = dict(zip(self.sites, softpull(trained, self.lam)))
-        moments = [results[s].meta.get(P.SELOPT) for s in order]
-        if self.sync_moments and all(moments):
-            self.moments = weighted_mean(moments, weights)
+        fresh = {s: results[s].meta[P.STATS] for s in order if results[s].meta.get(P.STATS)}
+        if phase == "main":
+            if not fresh:
+                return  # nothing new: the head stays as calibrated
+            self.stats.update(fresh)
+            used = self.stats
+        else:
+            used = fresh  # Eq. 1 labels of this round's models
+        labels = sorted({label for stats in used.values() for label in stats})
+        if len(labels) < 2:
+            self.info(f"selector head not calibrated: statistics of fewer than 2 labels ({labels})")
+            return
+        tic = time.perf_counter()
+        weight, bias = fit_head(list(used.values()), len(self.sites) + int(self.global_class), seed=self.seed, **self.calibration)
+        set_head(self.selector, weight, bias)
+        self.select = state_to_numpy(self.selector)
+        self.info(f"selector head calibrated on feature statistics of {sorted(used)} ({phase}) in {time.perf_counter() - tic:.2f} s")
 
     def _save(self, name: str, rnd: int, metrics: Mapping[str, float]) -> None:
         save_super_model(
             os.path.join(self.get_app_dir(), name), description=self.description, sites=self.sites,
             selector_spec=self.selector_spec, global_class=self.global_class, global_params=self.global_params,
             person_params=self.person, selector_params=self.select, lam=self.lam, round_num=rnd, metrics=metrics,
+            gamma=0.0 if self.global_class else self.gamma,
         )
 
     def _scored(self, results: dict[str, FLModel], rnd: int) -> dict[str, float]:

@@ -4,12 +4,14 @@ Task "train" (Algorithm 1, lines 6-13): the server sends this site the global mo
 personalised model and the selector (FULL weights, prefixes ``global.``/``person.``/``select.``) with
 the site-index map in the meta. The site first scores what it received on its validation split (global,
 personalised and super-model Dice, selector accuracy: the server keeps the best super model by these),
-then trains the global and personalised models with the segmentation loss and the selector with
-cross-entropy against its own index (Eq. 2) on the same batches, and returns one WEIGHT_DIFF over the
-three, so FLARE's privacy filters apply to all of them unchanged.
+then trains the global and personalised models with the segmentation loss on the same batches and returns
+one WEIGHT_DIFF over the two, so FLARE's privacy filters apply to both unchanged. The selector is not
+trained at the site: when the server asks (first round), the site sends the mean and covariance of the
+selector's fixed features over its training images, labelled with its own index (Eq. 2), in the result
+meta; the server calibrates the selector head on them (:mod:`.calibrate`, CCVR-style).
 
 In FedSM-extra rounds ("extra" phase) the server also sends every site's personalised model; the site
-labels each training case with the model of lowest loss (Eq. 1) and trains only the selector.
+labels each training case with the model of lowest loss (Eq. 1) and sends the feature statistics per label.
 
 Task "validate": score the received models on validation and test splits, train nothing (the server
 sends it once after the last round so the final super model is scored too).
@@ -24,29 +26,15 @@ from nvflare.apis.shareable import Shareable
 from nvflare.apis.signal import Signal
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
-from torch.utils.data import Dataset
-
 from medflare import MedflareError
 from medflare.common.payload import check_finite, flatten, load_numpy_state, state_to_numpy, unflatten, weight_diff
 from medflare.common.site_executor import SiteExecutor
-from medflare.common.training import make_loader, make_loss, make_optimizer, train_epochs
+from medflare.common.training import make_loss, make_optimizer, train_epochs
 from medflare.fedsm import protocol as P
+from medflare.fedsm.calibrate import add_noise, feature_stats, selector_features
 from medflare.fedsm.extra import extra_labels, per_case_losses
 from medflare.fedsm.routing import SuperModelPredictor, selection_frequency
 from medflare.fedsm.selector import build_selector
-
-
-class _WithLabels(Dataset):
-    """A site's images with selector labels (one int per case) in place of the segmentation labels."""
-
-    def __init__(self, base: Dataset, labels: list[int]):
-        self.base, self.labels = base, labels
-
-    def __len__(self) -> int:
-        return len(self.base)
-
-    def __getitem__(self, i: int) -> dict:
-        return {"image": self.base[i]["image"], "label": torch.tensor(self.labels[i], dtype=torch.long)}
 
 
 class FedSMExecutor(SiteExecutor):
@@ -54,31 +42,29 @@ class FedSMExecutor(SiteExecutor):
 
     Args (besides :class:`medflare.common.site_executor.SiteExecutor`'s preset, overrides, device, seed,
     num_overlays, overlay_every):
-        selector_lr: Adam learning rate of the selector. Default 1e-3 (the reference's).
-        selector_max_steps: cap on selector steps per round, 0 = as many as the segmentation models
-            (one pass per local epoch, Algorithm 1). Default 0.
+        stats_noise: standard deviation of Gaussian noise the site adds to every entry of the feature
+            means and covariances it sends (computed once per run and label set, so repeated rounds
+            cannot average the noise away). Default 0 (off).
         train_task: name of the training task. Default "train".
         validate_task: name of the scoring-only task. Default "validate".
 
     The global and personalised models keep their own Adam state across rounds (the reference never
-    resets client optimisers); the selector's Adam moments are replaced by the server's average each
-    round when the server sends them (see :mod:`medflare.fedsm.protocol`).
+    resets client optimisers).
     """
 
     def __init__(
         self,
         *args,
-        selector_lr: float = 1e-3,
-        selector_max_steps: int = 0,
+        stats_noise: float = 0.0,
         train_task: str = "train",
         validate_task: str = "validate",
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
-        if not isinstance(selector_lr, (int, float)) or selector_lr <= 0:
-            raise MedflareError(f"FedSMExecutor: 'selector_lr' must be a positive number, got {selector_lr!r}")
-        self.selector_lr = float(selector_lr)
-        self.selector_max_steps = int(selector_max_steps)
+        if not isinstance(stats_noise, (int, float)) or stats_noise < 0:
+            raise MedflareError(f"FedSMExecutor: 'stats_noise' must be a number >= 0, got {stats_noise!r}")
+        self.stats_noise = float(stats_noise)
+        self._own_stats = None
         self.register_task(train_task, self.train)
         self.register_task(validate_task, self.validate_task)
         self.selector = None
@@ -90,7 +76,6 @@ class FedSMExecutor(SiteExecutor):
         self.opt_global = make_optimizer(train["optimizer"], self.global_model.parameters(), train["lr"])
         self.opt_person = make_optimizer(train["optimizer"], self.person_model.parameters(), train["lr"])
         self.loss_fn = make_loss(train["loss"], self.data.task)
-        self.ce = make_loss("ce", "classification")
         if self.data.task != "segmentation":
             raise MedflareError(f"FedSM trains segmentation models; preset '{self.preset}' is {self.data.task}")
 
@@ -104,8 +89,7 @@ class FedSMExecutor(SiteExecutor):
         spec = meta[P.SELECTOR]
         if self.selector is None or spec != self.selector_spec:
             self.selector = build_selector(spec).to(self.device)
-            self.opt_select = torch.optim.Adam(self.selector.parameters(), lr=self.selector_lr)
-            self.selector_spec = spec
+            self.selector_spec, self._own_stats = spec, None
         models = unflatten(incoming.params)
         load_numpy_state(self.global_model, models["global"], who="server (global)")
         load_numpy_state(self.selector, models["select"], who="server (selector)")
@@ -167,34 +151,40 @@ class FedSMExecutor(SiteExecutor):
         self.log_overlays(fl_ctx, self.person_model, "val_person", rnd, incoming.total_rounds)
         self.log_info(fl_ctx, f"round {rnd} ({phase}): '{self.site}' validation: {_fmt(metrics)}")
 
-        sent = {"global": models["global"], "person": models.get("person") or state_to_numpy(self.person_model), "select": models["select"]}
-        P.load_adam_moments(self.opt_select, self.selector, meta.get(P.SELOPT) or {})
         train = self.cfg["train"]
-        stop = lambda: abort_signal.triggered  # noqa: E731
-        common = dict(epochs=train["epochs"], device=self.device, should_stop=stop)
-        seg_loader = lambda: self.loader("train", shuffle=True, round_num=rnd)  # noqa: E731 (same batches for all)
-        losses = {}
+        out_meta = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: len(self.data.train)}
+        diff = {}
         if phase == "main":
-            for name, net, opt in (("global", self.global_model, self.opt_global), ("person", self.person_model, self.opt_person)):
-                stats = train_epochs(net, seg_loader(), self.loss_fn, opt, max_steps=train.get("max_steps", 0), **common)
+            sent = {"global": models["global"], "person": models["person"]}
+            nets = {"global": (self.global_model, self.opt_global), "person": (self.person_model, self.opt_person)}
+            losses = {}
+            for name, (net, opt) in nets.items():
+                stats = train_epochs(
+                    net, self.loader("train", shuffle=True, round_num=rnd), self.loss_fn, opt, epochs=train["epochs"],
+                    max_steps=train.get("max_steps", 0), device=self.device, should_stop=lambda: abort_signal.triggered,
+                )
                 losses[f"train_loss_{name}"] = stats.mean_loss
-            labels = [idx + 1 if global_class else idx] * len(self.data.train)
+            self.tracker.scalars(fl_ctx, losses, rnd)
+            diff = flatten({n: weight_diff(state_to_numpy(nets[n][0]), sent[n]) for n in nets})
+            check_finite(diff, self.site)
+            if meta.get(P.STATS):
+                # The selector body is fixed, so the site's own-label statistics never change: compute (and
+                # noise) them once, then resend the same values.
+                if self._own_stats is None:
+                    self._own_stats = self._stats([idx + 1 if global_class else idx] * len(self.data.train))
+                out_meta[P.STATS] = self._own_stats
         else:
             labels = self._extra_labels(person_all)
-            losses["extra_label_own"] = sum(1 for y in labels if y == idx + 1) / max(len(labels), 1)
-        if phase == "extra" or meta.get(P.TRAIN_SELECTOR, True):
-            sel_loader = make_loader(_WithLabels(self.data.train, labels), train["batch_size"], True, seed=self.seed + rnd)
-            stats = train_epochs(self.selector, sel_loader, self.ce, self.opt_select, max_steps=self.selector_max_steps, **common)
-            losses["train_loss_selector"] = stats.mean_loss
-        self.tracker.scalars(fl_ctx, losses, rnd)
-
-        nets = {"global": self.global_model, "person": self.person_model, "select": self.selector}
-        names = ("global", "person", "select") if phase == "main" else ("select",)
-        diff = flatten({n: weight_diff(state_to_numpy(nets[n]), sent[n]) for n in names})
-        check_finite(diff, self.site)
-        out_meta = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: len(self.data.train), P.SELOPT: P.adam_moments(self.opt_select, self.selector)}
+            self.tracker.scalars(fl_ctx, {"extra_label_own": labels.count(idx + 1) / max(len(labels), 1)}, rnd)
+            out_meta[P.STATS] = self._stats(labels)
         result = FLModel(params_type=ParamsType.DIFF, params=diff, metrics=metrics, meta=out_meta, current_round=rnd)
         return FLModelUtils.to_shareable(result)
+
+    def _stats(self, labels: list[int]) -> dict:
+        """Per-label mean and covariance of the fixed selector features of the training images (+ noise)."""
+        feats = selector_features(self.selector, (b["image"].to(self.device) for b in self.loader("train")))
+        stats = feature_stats(feats, labels)
+        return add_noise(stats, self.stats_noise) if self.stats_noise > 0 else stats
 
     def _extra_labels(self, person_all: list[torch.nn.Module]) -> list[int]:
         """Eq. 1 label of every training case: index of the lowest-loss model in [global, person_1..K]."""

@@ -1,12 +1,13 @@
 """Model selectors for FedSM and the one builder the server, the sites and a saved super model share.
 
 The default selector is :class:`StyleSelector`: the selector's task is to tell *which site an image comes
-from*, i.e. its acquisition style (intensity, contrast, noise, blur, bias field), not its anatomy. A few
-convolutions summarised by the mean and standard deviation of every feature map over the image learn
-that in a handful of steps. The paper's VGG-11 (``vgg11_selector`` in :mod:`medflare.nets`, 128.8M
-parameters at reference width) stays available by name; on the synthetic sites it does not leave
-chance level within the default job's rounds (benchmarks/fedsm_selector_sync.py). Neither, so far,
-does the style selector when trained federated (see jobs/fedsm/README.md, "Known problem").
+from*, i.e. its acquisition style (intensity, contrast, noise, blur, bias field), not its anatomy.
+Per-channel mean, log-std and log mean |Laplacian| of the image plus mean and log-std of a few random
+convolutions' feature maps separate the synthetic sites linearly. In the FedSM job the body is never
+trained (random init, seeded by the server): only the linear head is fitted, on the server, from the
+sites' feature statistics (:mod:`.calibrate`); training the selector federated stays at chance
+(benchmarks/fedsm_selector_sync.py). The paper's VGG-11 (``vgg11_selector`` in :mod:`medflare.nets`)
+is still built by name but cannot be calibrated (its head is an MLP).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from medflare.nets import build_model
 
 class StyleSelector(nn.Module):
     """Small site classifier: ``depth`` conv3x3-ReLU blocks (stride 2 after the first), then per-channel
-    mean, log standard deviation (and, of the image, log mean |Laplacian|) over the image, then a linear layer. No normalisation layer: a batch
-    holds one site only during local training, and any batch or instance norm would remove exactly the
-    intensity statistics the selector needs.
+    mean, log standard deviation (and, of the image, log mean |Laplacian|) over the image, then a linear layer.
+    No normalisation layer: batch or instance norm would remove exactly the intensity statistics the
+    selector needs.
 
     Args:
         in_channels: image channels. Required.

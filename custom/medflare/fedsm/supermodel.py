@@ -7,7 +7,8 @@ loads with ``torch.load(weights_only=True)`` and runs no code. Layout::
     {"train_conf": {"medflare": describe(preset, overrides, kind="super_model")},
      "sites": [site names in selector-index order], "selector": {"name", "args"}, "global_class": bool,
      "global": state_dict, "person": {site: state_dict}, "select": state_dict,
-     "lambda": float, "round": int, "metrics": {name: float}}
+     "lambda": float, "gamma": float (the job's, default of ``medflare evaluate``), "round": int,
+     "metrics": {name: float}}
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def save_super_model(
     selector_params: Mapping[str, np.ndarray],
     lam: float,
     round_num: int,
+    gamma: float = 0.9,
     metrics: Mapping[str, float] | None = None,
 ) -> None:
     """Write the super model atomically (a reader never sees half a file)."""
@@ -58,6 +60,7 @@ def save_super_model(
         "person": {site: _tensors(person_params[site]) for site in sites},
         "select": _tensors(selector_params),
         "lambda": float(lam),
+        "gamma": float(gamma),
         "round": int(round_num),
         "metrics": {k: float(v) for k, v in (metrics or {}).items()},
     }
@@ -120,5 +123,5 @@ def load_super_model(path: str | os.PathLike) -> SuperModel:
         sites=sites,
         global_class=bool(data.get("global_class", False)),
         description=desc,
-        info={"lambda": data.get("lambda"), "round": data.get("round"), "metrics": data.get("metrics", {})},
+        info={"lambda": data.get("lambda"), "gamma": data.get("gamma"), "round": data.get("round"), "metrics": data.get("metrics", {})},
     )

@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 import torch
 from torch.utils.data import Dataset
@@ -9,9 +11,10 @@ from medflare.presets import PRESETS, get_preset
 
 
 def test_presets_resolve_and_overrides_merge():
-    cfg = get_preset("seg_synthetic", {"train": {"epochs": 3}})
-    assert cfg["train"]["epochs"] == 3 and cfg["train"]["lr"] == PRESETS["seg_synthetic"]["train"]["lr"]
-    assert PRESETS["seg_synthetic"]["train"]["epochs"] == 1  # the preset itself is untouched
+    before = copy.deepcopy(PRESETS["seg_synthetic"])
+    cfg = get_preset("seg_synthetic", {"train": {"epochs": 7}})
+    assert cfg["train"]["epochs"] == 7 and cfg["train"]["lr"] == before["train"]["lr"]
+    assert PRESETS["seg_synthetic"] == before  # the preset itself is untouched
 
 
 def test_unknown_preset_and_key_are_named():

@@ -34,15 +34,26 @@ REPO = Path(__file__).resolve().parents[1]
 FL_JOBS = ("fedavg", "fedprox", "scaffold")
 
 
-def score_sites(model, sites: list[str], preset: str, split: str = "test") -> dict[str, Any]:
-    """``site_table`` of one model evaluated on each site's ``split``."""
+def score_sites(model, sites: list[str], preset: str, split: str = "test", predict=None) -> dict[str, Any]:
+    """``site_table`` of one model (or ``predict`` callable) evaluated on each site's ``split``.
+
+    A ``predict`` that records its routing (a FedSM super model's predictor: ``reset()``, ``choices``) adds
+    ``table["choices"] = {site: [routing of every case]}``.
+    """
     cfg = get_preset(preset)
-    per_site = {}
+    per_site, choices = {}, {}
     for site in sites:
         d = load_site(site, cfg["data"])
         loader = make_loader(getattr(d, split), cfg["train"]["batch_size"], False)
-        per_site[site] = evaluate(model, loader, task=d.task, num_classes=d.num_classes, metrics=cfg["eval"]["metrics"])
-    return site_table(per_site)
+        if hasattr(predict, "reset"):
+            predict.reset()
+        per_site[site] = evaluate(model, loader, task=d.task, num_classes=d.num_classes, metrics=cfg["eval"]["metrics"], predict=predict)
+        if hasattr(predict, "choices"):
+            choices[site] = list(predict.choices)
+    table = site_table(per_site)
+    if choices:
+        table["choices"] = choices
+    return table
 
 
 def run_fl(job: str, sites: list[str], rounds: int, preset: str, work: Path) -> dict[str, Any]:

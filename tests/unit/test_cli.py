@@ -103,3 +103,13 @@ def test_evaluate_a_single_model_on_several_sites(tmp_path, capsys):
     assert main(["evaluate", "--model", str(ckpt), "-n", "2", "--out", str(tmp_path / "r.json")]) == 0
     result = json.loads((tmp_path / "r.json").read_text())
     assert set(result["per_site"]) == {"site-1", "site-2"} and "client_average" in result
+
+
+def test_evaluate_a_classifier_on_an_npz(tmp_path):
+    ckpt = _checkpoint(tmp_path / "c.pt", preset="cls_synthetic_tiny")
+    assert main(["data", "--preset", "cls_synthetic_tiny", "-n", "10", "--out", str(tmp_path / "d")]) == 0
+    out = tmp_path / "r.json"
+    assert main(["evaluate", "--model", str(ckpt), "--npz", str(tmp_path / "d" / "site-1.npz"), "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert 0.0 <= result["mean"]["accuracy"] <= 1.0 and len(result["per_case"]) > 0
+    assert main(["evaluate", "--model", str(ckpt), "--npz", str(tmp_path / "missing.npz")]) == 2

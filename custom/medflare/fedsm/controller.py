@@ -50,7 +50,7 @@ class FedSMController(ModelController):
         selector: ``{"name", "args"}`` of the selector; ``num_classes`` and ``in_channels`` are filled in.
             Must have ``features()`` and a Linear ``classifier``. Default style_selector width 16, depth 3.
         calibration: arguments of :func:`medflare.fedsm.calibrate.fit_head` (samples_per_class 500, steps 300,
-            lr 0.01, eps 1e-3). Default {}.
+            lr 0.05, eps 1e-3). Default {}.
         min_responses: fewest sites whose results make a round; fewer ends the job with an error.
             0 = all sites. Default 0.
         train_timeout: seconds a site may take for one task before the server stops waiting for it; 0 =

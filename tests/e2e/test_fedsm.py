@@ -19,10 +19,10 @@ CLIENTS = ["site-1", "site-2", "site-3"]
 ROUNDS = 3
 
 
-def _run(repo, tmp_path, name, rounds=ROUNDS, **kwargs):
+def _run(repo, tmp_path, name, rounds=ROUNDS, executor_args=None, **kwargs):
     folder = customize_job(
         repo / "jobs" / "fedsm", tmp_path / name, preset="seg_synthetic_tiny",
-        workflow_args={"num_rounds": rounds}, executor_args={"overlay_every": 10}, **kwargs,
+        workflow_args={"num_rounds": rounds}, executor_args={"overlay_every": 10, **(executor_args or {})}, **kwargs,
     )
     run = run_simulator(folder, tmp_path / f"ws_{name}", len(CLIENTS), clients=CLIENTS, timeout=600)
     assert run.returncode == 0, run.log[-4000:]
@@ -62,9 +62,11 @@ def test_fedsm_selector_learns_and_super_model_beats_global(repo, tmp_path):
     assert sup["client_average"]["dice"] >= glob["client_average"]["dice"] - 0.01, (sup["client_average"], glob["client_average"])
 
 
-def test_fedsm_with_percentile_privacy(repo, tmp_path):
+def test_fedsm_with_percentile_privacy_and_noised_statistics(repo, tmp_path):
     flt = {"path": "nvflare.app_common.filters.percentile_privacy.PercentilePrivacy", "args": {"percentile": 10, "gamma": 0.01}}
-    run = _run(repo, tmp_path, "fedsm_privacy", rounds=2, task_result_filters=[{"tasks": ["train"], "filters": [flt]}])
+    # and the sites' own noise on the feature statistics (stats_noise), the selector's protection
+    run = _run(repo, tmp_path, "fedsm_privacy", rounds=2, executor_args={"stats_noise": 0.01},
+               task_result_filters=[{"tasks": ["train"], "filters": [flt]}])
     # the controller logs each result's filter history; the filter logs the cut-off it applied to the diffs
     assert run.log.count("result filters ['PercentilePrivacy']") >= 2 * len(CLIENTS), run.log[-4000:]
     assert "Max abs delta_w" in run.log

@@ -25,7 +25,7 @@ from medflare import MedflareError
 from medflare.common.payload import flatten, nbytes, state_to_numpy, unflatten
 from medflare.common.persistence import describe, model_from_preset
 from medflare.fedsm import protocol as P
-from medflare.fedsm.calibrate import fit_head, set_head
+from medflare.fedsm.calibrate import fit_head, head_of, set_head
 from medflare.fedsm.softpull import softpull, weighted_mean
 from medflare.fedsm.supermodel import BEST_SUPER_MODEL_FILE, SUPER_MODEL_FILE, save_super_model
 from medflare.fedsm.selector import build_selector
@@ -113,6 +113,7 @@ class FedSMController(ModelController):
         self.person = {s: {k: v.copy() for k, v in start.items()} for s in self.sites}
         torch.manual_seed(self.seed)
         self.selector = build_selector(self.selector_spec)  # body fixed for the run; only the head is calibrated
+        head_of(self.selector)  # a selector without a Linear head on features() fails here, not after round 1
         self.select = state_to_numpy(self.selector)
         self.stats: dict[str, dict] = {}  # site -> its own-label feature statistics (sent once)
         self.description = describe(self.preset, self.overrides, kind="super_model")

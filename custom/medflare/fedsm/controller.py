@@ -227,7 +227,8 @@ class FedSMController(ModelController):
                 return
             # The metrics describe the models sent this round (validated before training): save those if best.
             # In FedSM-extra the selector is untrained during the main rounds: "best" is judged only after them.
-            mean = self._scored(results, rnd) if not self.global_class or phase == "extra" else {}
+            if not self.global_class or phase == "extra":
+                self._scored(results, rnd)
             self._aggregate(results, phase)
             self._save(SUPER_MODEL_FILE, rnd + 1, {})  # not scored yet: the next round's validation scores it
         results = self._round(self.validate_task, total, "extra" if self.global_class else "main", total)

@@ -82,15 +82,19 @@ def install_templates(kit: str | Path, role: str, data_dir: str | Path | None = 
         dst.write_text(json.dumps({"data_dir": str(Path(data_dir).resolve())}))
         written.append(dst)
     if role == "server" and storage_root is not None:
-        res_path = local / "resources.json"
-        res = json.loads(res_path.read_text())
-        root = Path(storage_root).resolve()
-        res["snapshot_persistor"]["args"]["storage"]["args"]["root_dir"] = str(root / "snapshot-storage")
-        for comp in res["components"]:
-            if comp["id"] == "job_manager":
-                comp["args"]["uri_root"] = str(root / "jobs-storage")
-        res_path.write_text(json.dumps(res, indent=2))
+        set_server_storage(local / "resources.json", local / "resources.json", storage_root)
     return written
+
+
+def set_server_storage(src: str | Path, dst: str | Path, storage_root: str | Path) -> None:
+    """Write server resources ``src`` to ``dst`` with its job store and snapshot storage under ``storage_root``."""
+    res = json.loads(Path(src).read_text())
+    root = Path(storage_root).resolve()
+    res["snapshot_persistor"]["args"]["storage"]["args"]["root_dir"] = str(root / "snapshot-storage")
+    for comp in res["components"]:
+        if comp["id"] == "job_manager":
+            comp["args"]["uri_root"] = str(root / "jobs-storage")
+    Path(dst).write_text(json.dumps(res, indent=2))
 
 
 class PocFederation:
@@ -168,16 +172,8 @@ class PocFederation:
             for site in self.sites:
                 install_templates(self.kit(site), "site", data_dir=self.data_dir)
         else:  # still keep the job store out of /tmp/nvflare, shared by every POC on the machine
-            self._isolate_default_storage()
-
-    def _isolate_default_storage(self) -> None:
-        local = self.kit(self.server) / "local"
-        res = json.loads((local / "resources.json.default").read_text())
-        res["snapshot_persistor"]["args"]["storage"]["args"]["root_dir"] = str(self.root / "storage" / "snapshot-storage")
-        for comp in res["components"]:
-            if comp["id"] == "job_manager":
-                comp["args"]["uri_root"] = str(self.root / "storage" / "jobs-storage")
-        (local / "resources.json").write_text(json.dumps(res, indent=2))
+            local = self.kit(self.server) / "local"
+            set_server_storage(local / "resources.json.default", local / "resources.json", self.root / "storage")
 
     def start(self, timeout: float = 180) -> None:
         """nvflare poc start (server and clients), then wait until every site is connected."""

@@ -33,7 +33,6 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = REPO / "provisioning" / "project.yml"
 TEMPLATES = REPO / "app_configs"
-ALLOW_LIST = ["nvflare.", "medflare."]
 
 
 def free_port() -> int:
@@ -124,8 +123,14 @@ class PocFederation:
         }
 
     # ---- participants ------------------------------------------------------------------------
+    def _project(self) -> dict:
+        """The cut project.yml: written by prepare(), read back by a later command (``down``)."""
+        if self.project is None:
+            self.project = yaml.safe_load(self.project_file.read_text())
+        return self.project
+
     def _names(self, kind: str, role: str | None = None) -> list[str]:
-        parts = (self.project or yaml.safe_load(self.project_file.read_text()))["participants"]
+        parts = self._project()["participants"]
         return [p["name"] for p in parts if p["type"] == kind and (role is None or p.get("role") == role)]
 
     @property
@@ -142,8 +147,7 @@ class PocFederation:
 
     @property
     def prod(self) -> Path:
-        project = self.project or yaml.safe_load(self.project_file.read_text())
-        return self.ws / project["name"] / "prod_00"
+        return self.ws / self._project()["name"] / "prod_00"
 
     def kit(self, name: str) -> Path:
         return self.prod / name
@@ -210,7 +214,8 @@ class PocFederation:
     def clean(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> "PocFederation":
+    def up(self) -> "PocFederation":
+        """prepare() and start(); stopped again if either fails."""
         try:
             self.prepare()
             self.start()
@@ -218,6 +223,9 @@ class PocFederation:
             self.stop()
             raise
         return self
+
+    def __enter__(self) -> "PocFederation":
+        return self.up()
 
     def __exit__(self, *exc) -> None:
         self.stop()
@@ -316,13 +324,7 @@ def main(argv=None) -> int:
     inst.add_argument("--data", help="(site) data folder written to local/medflare_data.json")
     args = parser.parse_args(argv)
     if args.cmd == "up":
-        fed = PocFederation(args.root, n_sites=args.n, data_dir=args.data)
-        fed.prepare()
-        try:
-            fed.start()
-        except BaseException:
-            fed.stop()
-            raise
+        fed = PocFederation(args.root, n_sites=args.n, data_dir=args.data).up()
         print(f"POC federation up: server {fed.server}, sites {', '.join(fed.sites)}")
         print(f"admin kit: {fed.kit(fed.admin)}   (user {fed.admin})")
         print(f"console:   HOME={fed.home} {fed.kit(fed.admin)}/startup/fl_admin.sh")

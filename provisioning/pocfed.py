@@ -235,16 +235,15 @@ class PocFederation:
         """Processes whose command line or working directory lies under ``under`` (default: root)."""
         mark = str(Path(under).resolve() if under else self.root)
         found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+        for pid, cmd in processes():
+            if pid == os.getpid():
                 continue
             try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                cwd = os.readlink(entry / "cwd")
+                cwd = os.readlink(f"/proc/{pid}/cwd")
             except OSError:
                 continue
-            if mark in cmdline or cwd == mark or cwd.startswith(mark + os.sep):
-                found.append(int(entry.name))
+            if mark in cmd or cwd == mark or cwd.startswith(mark + os.sep):
+                found.append(pid)
         return found
 
     def kill_leftovers(self, grace: float = 10) -> None:
@@ -264,6 +263,23 @@ class PocFederation:
                 return
 
 
+def cmdline(pid: int) -> str | None:
+    """The command line of process ``pid``, arguments joined by spaces; None if it is gone or unreadable."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+
+
+def processes():
+    """(pid, command line) of every process that can be read now."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            cmd = cmdline(int(entry.name))
+            if cmd is not None:
+                yield int(entry.name), cmd
+
+
 _FED_ROOT = re.compile(r"(/\S*?/poc\d*/fed)/ws/")
 
 
@@ -274,17 +290,7 @@ def kill_stale_test_federations() -> list[str]:
     whose owner is dead (or whose folder pytest has already deleted) can only be a leftover of a run that
     was killed before its teardown. Federations of live test runs are left alone.
     """
-    roots = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        match = _FED_ROOT.search(cmdline)
-        if match:
-            roots.add(match.group(1))
+    roots = {m.group(1) for _, cmd in processes() if (m := _FED_ROOT.search(cmd))}
     stale = []
     for root in sorted(roots):
         owner_file = Path(root) / "owner.pid"

@@ -152,13 +152,6 @@ def _site_job_log(fed, site, job_id) -> str:
     return log.read_text() if log.is_file() else ""
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
-    except OSError:
-        return ""
-
-
 def _evaluate(model, datalist, out) -> dict:
     """`medflare evaluate` as an operator runs it (a subprocess of the installed command)."""
     cmd = [str(Path(sys.executable).parent / "medflare"), "evaluate", "--model", str(model), "--datalist", str(datalist), "--out", str(out)]
@@ -176,7 +169,7 @@ def test_dead_site_ends_the_job_with_a_clear_error_in_bounded_time(fed, jobs, se
         assert time.time() < deadline, "the dead_site job never trained a round"
         assert not sess.get_job_status(job_id).startswith("FINISHED"), sess.get_job_meta(job_id)
         time.sleep(1)
-    workers = [p for p in fed.pids(fed.kit(victim)) if job_id in _cmdline(p)]
+    workers = [p for p in fed.pids(fed.kit(victim)) if job_id in (pocfed.cmdline(p) or "")]
     assert workers, f"no job process of {job_id} found at {victim}"
     for pid in workers:
         os.kill(pid, signal.SIGKILL)
@@ -188,7 +181,7 @@ def test_dead_site_ends_the_job_with_a_clear_error_in_bounded_time(fed, jobs, se
     assert f"Failing job {job_id} due to reported failure from {victim}" in server_log
     # nothing of the job keeps running anywhere (the surviving site's job process ended too)
     deadline = time.time() + 60
-    while [p for p in fed.pids() if job_id in _cmdline(p)]:
+    while [p for p in fed.pids() if job_id in (pocfed.cmdline(p) or "")]:
         assert time.time() < deadline, "processes of the failed job are still running 60 s after it ended"
         time.sleep(1)
     # the hospital's site itself is still connected and usable by the next job

@@ -221,3 +221,26 @@ def test_overlay_image_accepts_rgb_and_multichannel():
     assert overlay_image(torch.rand(2, 4, 4), label[0], label[0]).shape == (3, 4, 12)
     with pytest.raises(MedflareError, match="shapes differ"):
         overlay_image(torch.rand(1, 5, 4), label, label)
+
+
+def test_evaluate_per_case_matches_the_metric_functions():
+    # an imperfect predictor (PRED vs TARGET), so a swapped pred/target or a wrong class/case index shows
+    loader = [{"image": PRED.float(), "label": TARGET, "name": ["c0", "c1"]}]
+    metrics = ["dice", "dice_c2", "hd95", "sensitivity", "sensitivity_c1", "specificity", "mpa", "vi", "aji", "object_dice"]
+    res = evaluate(None, loader, task="segmentation", num_classes=3, metrics=metrics, predict=lambda x: x.long())
+    per_class = {f.__name__: f(PRED, TARGET, num_classes=3) for f in (dice, hd95, sensitivity, specificity)}
+    mpa, vi = mean_pixel_accuracy(PRED, TARGET, num_classes=3), variation_of_information(PRED, TARGET)
+    for b, row in enumerate(res["per_case"]):
+        for name, values in per_class.items():
+            assert row[name] == pytest.approx(nanmean_with_count(values[b])[0], nan_ok=True), (b, name)
+        assert row["dice_c2"] == pytest.approx(float(per_class["dice"][b, 1]))
+        assert row["sensitivity_c1"] == pytest.approx(float(per_class["sensitivity"][b, 0]))
+        assert row["mpa"] == pytest.approx(float(mpa[b])) and row["vi"] == pytest.approx(float(vi[b]))
+        p_inst, t_inst = to_instances(PRED[b, 0].numpy()), to_instances(TARGET[b, 0].numpy())
+        assert row["aji"] == pytest.approx(aggregated_jaccard_index(p_inst, t_inst))
+        assert row["object_dice"] == pytest.approx(object_dice(p_inst, t_inst))
+    # hand values from the tests above: case 0 sensitivity (0.75 + 1) / 2; case 1 dice (0 + 1) / 2, mpa 0.5
+    assert res["per_case"][0]["sensitivity"] == pytest.approx(0.875) and res["per_case"][0]["sensitivity_c1"] == 0.75
+    assert res["per_case"][1]["dice"] == pytest.approx(0.5) and res["per_case"][1]["mpa"] == pytest.approx(0.5)
+    assert res["per_case"][1]["aji"] == 0.0 and res["per_case"][1]["object_dice"] == 0.0  # empty pred, one object
+    assert res["nan_count"]["hd95"] == 1 and res["nan_count"]["sensitivity"] == 0  # case 1 class 1 exists in target

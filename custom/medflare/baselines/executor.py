@@ -14,7 +14,7 @@ from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from medflare.baselines.corrections import ScaffoldState, fedprox_term
 from medflare.common.payload import check_finite, load_numpy_state, state_to_numpy, weight_diff
-from medflare.common.site_executor import SiteExecutor
+from medflare.common.site_executor import SiteExecutor, format_metrics
 from medflare.common.training import make_loss, make_optimizer, train_epochs
 
 
@@ -56,7 +56,7 @@ class SupervisedExecutor(SiteExecutor):
         validate_s = time.perf_counter() - tic
         self.tracker.scalars(fl_ctx, metrics, rnd, prefix="val_global/")
         self.log_overlays(fl_ctx, self.model, "val_global", rnd, incoming.total_rounds)
-        self.log_info(fl_ctx, f"round {rnd}: global model on '{self.site}' validation: {_fmt(metrics)}")
+        self.log_info(fl_ctx, f"round {rnd}: global model on '{self.site}' validation: {format_metrics(metrics)}")
 
         train = self.cfg["train"]
         meta = incoming.meta or {}
@@ -97,7 +97,3 @@ class SupervisedExecutor(SiteExecutor):
             out_meta[AlgorithmConstants.SCAFFOLD_CTRL_DIFF] = self.scaffold.end_round(self.model)
         result = FLModel(params_type=ParamsType.DIFF, params=diff, metrics=metrics, meta=out_meta, current_round=rnd)
         return FLModelUtils.to_shareable(result)
-
-
-def _fmt(metrics: dict) -> str:
-    return ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())

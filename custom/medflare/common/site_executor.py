@@ -29,6 +29,11 @@ from medflare.presets import get_preset
 Handler = Callable[[Shareable, FLContext, Signal], Shareable]
 
 
+def format_metrics(metrics: Mapping[str, float]) -> str:
+    """``name=value`` pairs for a log line, 4 decimals."""
+    return ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
+
+
 class SiteExecutor(Executor):
     """Shared set-up and task dispatch for medflare client executors.
 

@@ -28,7 +28,7 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 from medflare import MedflareError
 from medflare.common.payload import check_finite, flatten, load_numpy_state, state_to_numpy, unflatten, weight_diff
-from medflare.common.site_executor import SiteExecutor
+from medflare.common.site_executor import SiteExecutor, format_metrics
 from medflare.common.training import make_loss, make_optimizer, train_epochs
 from medflare.fedsm import protocol as P
 from medflare.fedsm.calibrate import add_noise, feature_stats, selector_features
@@ -149,7 +149,7 @@ class FedSMExecutor(SiteExecutor):
         metrics = self.score("val", sites, idx, float(meta.get(P.GAMMA, 0.9)), global_class, person_all)
         self.tracker.scalars(fl_ctx, metrics, rnd, prefix="val/")
         self.log_overlays(fl_ctx, self.person_model, "val_person", rnd, incoming.total_rounds)
-        self.log_info(fl_ctx, f"round {rnd} ({phase}): '{self.site}' validation: {_fmt(metrics)}")
+        self.log_info(fl_ctx, f"round {rnd} ({phase}): '{self.site}' validation: {format_metrics(metrics)}")
 
         train = self.cfg["train"]
         out_meta = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: len(self.data.train)}
@@ -206,10 +206,6 @@ class FedSMExecutor(SiteExecutor):
         metrics = self.score("val", *args)
         metrics.update({f"test_{k}": v for k, v in self.score("test", *args).items()})
         self.tracker.scalars(fl_ctx, metrics, rnd, prefix="final/")
-        self.log_info(fl_ctx, f"final models on '{self.site}': {_fmt(metrics)}")
+        self.log_info(fl_ctx, f"final models on '{self.site}': {format_metrics(metrics)}")
         out_meta = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: len(self.data.train)}
         return FLModelUtils.to_shareable(FLModel(params_type=ParamsType.DIFF, params={}, metrics=metrics, meta=out_meta, current_round=rnd))
-
-
-def _fmt(metrics: dict) -> str:
-    return ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())

@@ -6,7 +6,6 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from medflare import MedflareError
@@ -18,6 +17,7 @@ from medflare.metrics.segmentation import (
     hd95,
     mean_pixel_accuracy,
     nanmean_with_count,
+    per_class_scores,
     sensitivity,
     specificity,
     variation_of_information,
@@ -93,16 +93,16 @@ def _segmentation_scores(pred: torch.Tensor, target: torch.Tensor, num_classes: 
     """Per-case scores of one batch of label maps (B,1,...) -> B dicts {metric name: value}."""
     batch = pred.shape[0]
     rows: list[dict[str, float]] = [{} for _ in range(batch)]
-    per_class: dict[str, torch.Tensor] = {}
-    for name in metrics:
-        base = _CLASS_RE.match(name).group(1) if _CLASS_RE.match(name) else name
-        if base in _PER_CLASS and base not in per_class:
-            per_class[base] = _PER_CLASS[base](pred, target, num_classes)
+    matches = {name: _CLASS_RE.match(name) for name in metrics}
+    bases = {m.group(1) if m else name for name, m in matches.items()} & set(_PER_CLASS)
+    per_class = per_class_scores(pred, target, num_classes, sorted(bases)) if bases else {}
     vi = variation_of_information(pred, target) if "vi" in metrics else None
     mpa = mean_pixel_accuracy(pred, target, num_classes) if "mpa" in metrics else None
+    instance_metrics = {"aji": aggregated_jaccard_index, "object_dice": object_dice}
     for b in range(batch):
+        instances = None  # connected components of the union foreground, computed once per case
         for name in metrics:
-            m = _CLASS_RE.match(name)
+            m = matches[name]
             if m:
                 value = float(per_class[m.group(1)][b, int(m.group(2)) - 1])
             elif name in _PER_CLASS:
@@ -112,9 +112,9 @@ def _segmentation_scores(pred: torch.Tensor, target: torch.Tensor, num_classes: 
             elif name == "vi":
                 value = float(vi[b])
             else:  # instance metrics on connected components of the union foreground
-                p_inst, t_inst = to_instances(pred[b, 0].numpy()), to_instances(target[b, 0].numpy())
-                fn = aggregated_jaccard_index if name == "aji" else object_dice
-                value = fn(p_inst, t_inst)
+                if instances is None:
+                    instances = to_instances(pred[b, 0].numpy()), to_instances(target[b, 0].numpy())
+                value = instance_metrics[name](*instances)
             rows[b][name] = value
     return rows
 

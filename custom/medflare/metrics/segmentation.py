@@ -15,6 +15,7 @@ Aggregates over cases use ``nanmean`` and report how many values were nan
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -71,9 +72,12 @@ def dice(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Te
     MONAI ``compute_dice`` with ``include_background=False, ignore_empty=False``: both empty -> 1,
     one empty -> 0, so the value is never nan.
     """
+    return _dice_one_hot(*_one_hot(pred, target, num_classes))
+
+
+def _dice_one_hot(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     from monai.metrics import compute_dice
 
-    p, t = _one_hot(pred, target, num_classes)
     return compute_dice(p, t, include_background=False, ignore_empty=False).float()
 
 
@@ -82,9 +86,12 @@ def hd95(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Te
 
     MONAI ``compute_hausdorff_distance(percentile=95)``; nan where pred or target of a class is empty.
     """
+    return _hd95_one_hot(*_one_hot(pred, target, num_classes))
+
+
+def _hd95_one_hot(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     from monai.metrics import compute_hausdorff_distance
 
-    p, t = _one_hot(pred, target, num_classes)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # MONAI warns on every empty mask; nan is our documented answer
         out = compute_hausdorff_distance(p, t, include_background=False, percentile=95).float()
@@ -94,14 +101,39 @@ def hd95(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Te
     return out
 
 
-def _confusion(pred: torch.Tensor, target: torch.Tensor, num_classes: int, name: str) -> torch.Tensor:
+def _confusion_one_hot(p: torch.Tensor, t: torch.Tensor, names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """Confusion-matrix metrics ``names`` (e.g. "sensitivity") from one shared confusion matrix."""
     from monai.metrics import compute_confusion_matrix_metric, get_confusion_matrix
 
-    p, t = _one_hot(pred, target, num_classes)
     cm = get_confusion_matrix(p, t, include_background=False)  # (B, C-1, 4): tp, fp, tn, fn
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return compute_confusion_matrix_metric(name, cm).float()
+        return {name: compute_confusion_matrix_metric(name, cm).float() for name in names}
+
+
+def _confusion(pred: torch.Tensor, target: torch.Tensor, num_classes: int, name: str) -> torch.Tensor:
+    return _confusion_one_hot(*_one_hot(pred, target, num_classes), [name])[name]
+
+
+def per_class_scores(pred: torch.Tensor, target: torch.Tensor, num_classes: int, names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """Several of dice/hd95/sensitivity/specificity at once: {name: (B, num_classes-1)}.
+
+    Same values as calling each function, but the label maps are checked and one-hot encoded once,
+    and sensitivity and specificity share one confusion matrix.
+    """
+    p, t = _one_hot(pred, target, num_classes)
+    out: dict[str, torch.Tensor] = {}
+    if "dice" in names:
+        out["dice"] = _dice_one_hot(p, t)
+    if "hd95" in names:
+        out["hd95"] = _hd95_one_hot(p, t)
+    confusion = [n for n in ("sensitivity", "specificity") if n in names]
+    if confusion:
+        out.update(_confusion_one_hot(p, t, confusion))
+    unknown = set(names) - set(out)
+    if unknown:
+        raise MedflareError(f"per_class_scores: unknown metric(s) {sorted(unknown)}")
+    return out
 
 
 def sensitivity(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:

@@ -26,7 +26,7 @@ from medflare.common.payload import flatten, nbytes, state_to_numpy, unflatten
 from medflare.common.persistence import describe, model_from_preset
 from medflare.fedsm import protocol as P
 from medflare.fedsm.calibrate import fit_head, head_of, set_head
-from medflare.fedsm.softpull import softpull, weighted_mean
+from medflare.fedsm.softpull import check_lambda, softpull, weighted_mean
 from medflare.fedsm.supermodel import BEST_SUPER_MODEL_FILE, SUPER_MODEL_FILE, save_super_model
 from medflare.fedsm.selector import build_selector
 from medflare.presets import get_preset
@@ -100,8 +100,7 @@ class FedSMController(ModelController):
     def _init_state(self) -> None:
         self.sites = sorted(c.name for c in self.engine.get_clients())
         K = len(self.sites)
-        if not 1.0 / K - 1e-9 <= self.lam <= 1.0 + 1e-9:
-            raise MedflareError(f"softpull_lambda={self.lam} must lie in [1/K, 1] for K={K} sites")
+        check_lambda(self.lam, K)  # fail before the first round, not after it
         self.global_class = self.extra_rounds > 0
         cfg = get_preset(self.preset, self.overrides)
         self.selector_spec["args"].update(

@@ -48,6 +48,16 @@ def weighted_mean(models: Sequence[Params], weights: Sequence[float]) -> dict[st
     return out
 
 
+def check_lambda(lam: float, num_sites: int) -> float:
+    """SoftPull's lambda as a float, or MedflareError unless it lies in [1/K, 1] (K = ``num_sites``)."""
+    lam = float(lam)
+    if not 1.0 / num_sites - 1e-9 <= lam <= 1.0 + 1e-9:
+        raise MedflareError(
+            f"softpull: 'lambda' must lie in [1/K, 1] = [{1.0 / num_sites:.4f}, 1] for K={num_sites} sites, got {lam}"
+        )
+    return lam
+
+
 def softpull(models: Sequence[Params], lam: float) -> list[dict[str, np.ndarray]]:
     """SoftPull, Eq. 11: ``w_k <- lam * w_k + (1 - lam) / (K - 1) * sum_{k' != k} w_k'`` for every k.
 
@@ -61,9 +71,7 @@ def softpull(models: Sequence[Params], lam: float) -> list[dict[str, np.ndarray]
     K = len(models)
     if K == 1:
         return [{k: np.array(models[0][k], copy=True) for k in keys}]
-    lam = float(lam)
-    if not 1.0 / K - 1e-9 <= lam <= 1.0 + 1e-9:
-        raise MedflareError(f"softpull: 'lambda' must lie in [1/K, 1] = [{1.0 / K:.4f}, 1] for K={K} sites, got {lam}")
+    lam = check_lambda(lam, K)
     other = (1.0 - lam) / (K - 1)
     out: list[dict[str, np.ndarray]] = [{} for _ in range(K)]
     for key in keys:

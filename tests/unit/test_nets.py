@@ -87,3 +87,21 @@ def test_unknown_name_and_bad_args_raise_medflare_error():
         build_model("vgg11_selector", in_channels=1, num_classes=3, width=0)
     with pytest.raises(MedflareError, match="'widths'"):
         build_model("resnet8", in_channels=1, num_classes=3, widths=[16, 32])
+
+
+@pytest.mark.parametrize(
+    "name,args,match",
+    [
+        ("convnet", {"in_channels": True, "num_classes": 10}, "convnet: 'in_channels' must be a positive int, got True"),
+        ("unet", {"in_channels": 1, "out_channels": 0, "channels": [8, 16], "strides": [2]}, "unet: 'out_channels' must be a positive int"),
+        ("unet", {"in_channels": 1, "out_channels": 2, "channels": [8, 16], "strides": [2], "dropout": 1.0}, r"unet: 'dropout' must be in \[0, 1\)"),
+        ("vgg11_selector", {"in_channels": 1, "num_classes": 3, "dropout": -0.1}, r"vgg11_selector: 'dropout' must be in \[0, 1\)"),
+        ("vgg11_selector", {"in_channels": 1, "num_classes": 3, "batch_norm": 1}, "vgg11_selector: 'batch_norm' must be true or false"),
+        ("vgg11_selector", {"in_channels": 1, "num_classes": 3, "head_width": 0}, "vgg11_selector: 'head_width' must be a positive int"),
+        ("resnet18", {"in_channels": 1, "num_classes": 3, "cifar_stem": "yes"}, "resnet18: 'cifar_stem' must be true or false"),
+        ("resnet8", {"in_channels": 1, "num_classes": 3, "widths": [16, 0, 64]}, "resnet8: 'widths' must be a positive int"),
+    ],
+)
+def test_bad_values_name_model_and_key(name, args, match):
+    with pytest.raises(MedflareError, match=match):
+        build_model(name, **args)

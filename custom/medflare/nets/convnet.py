@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from medflare import MedflareError
+from medflare.nets._checks import check_positive_int
 
 __all__ = ["ConvNet"]
 
@@ -42,8 +43,7 @@ class ConvNet(nn.Module):
     ) -> None:
         super().__init__()
         for key, value in (("in_channels", in_channels), ("num_classes", num_classes), ("width", width), ("depth", depth)):
-            if not isinstance(value, int) or value < 1:
-                raise MedflareError(f"convnet: '{key}' must be a positive int, got {value!r}")
+            check_positive_int("convnet", key, value)
         if not isinstance(first_padding, int) or first_padding < 0:
             raise MedflareError(f"convnet: 'first_padding' must be a non-negative int, got {first_padding!r}")
         size = image_size + 2 * first_padding - 2 if isinstance(image_size, int) else -1

@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from medflare import MedflareError
+from medflare.nets._checks import check_dropout, check_positive_int
 from medflare.nets.convnet import ConvNet
 from medflare.nets.resnet import ResNet8, ResNet18
 from medflare.nets.vgg import VGG11Selector
@@ -41,8 +42,7 @@ def build_unet(
     from monai.networks.nets import UNet
 
     for key, value in (("in_channels", in_channels), ("out_channels", out_channels)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise MedflareError(f"unet: '{key}' must be a positive int, got {value!r}")
+        check_positive_int("unet", key, value)
     if not isinstance(channels, Sequence) or len(channels) < 2 or not all(isinstance(c, int) and c > 0 for c in channels):
         raise MedflareError(f"unet: 'channels' must be a list of >= 2 positive ints, got {channels!r}")
     if not isinstance(strides, Sequence) or len(strides) != len(channels) - 1 or not all(
@@ -55,8 +55,7 @@ def build_unet(
         raise MedflareError(f"unet: 'num_res_units' must be a non-negative int, got {num_res_units!r}")
     if spatial_dims not in (2, 3):
         raise MedflareError(f"unet: 'spatial_dims' must be 2 or 3, got {spatial_dims!r}")
-    if not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-        raise MedflareError(f"unet: 'dropout' must be in [0, 1), got {dropout!r}")
+    check_dropout("unet", dropout)
     try:
         return UNet(
             spatial_dims=spatial_dims,

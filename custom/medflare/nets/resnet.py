@@ -9,13 +9,9 @@ from torch import nn
 import torch.nn.functional as F
 
 from medflare import MedflareError
+from medflare.nets._checks import check_bool, check_positive_int as _check_positive
 
 __all__ = ["BasicBlock", "ResNet8", "ResNet18"]
-
-
-def _check_positive(name: str, key: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise MedflareError(f"{name}: '{key}' must be a positive int, got {value!r}")
 
 
 class BasicBlock(nn.Module):
@@ -111,8 +107,7 @@ class ResNet18(nn.Module):
 
         _check_positive("resnet18", "in_channels", in_channels)
         _check_positive("resnet18", "num_classes", num_classes)
-        if not isinstance(cifar_stem, bool):
-            raise MedflareError(f"resnet18: 'cifar_stem' must be true or false, got {cifar_stem!r}")
+        check_bool("resnet18", "cifar_stem", cifar_stem)
         stem = {"conv1_t_size": 3, "conv1_t_stride": 1, "no_max_pool": True} if cifar_stem else {}
         self.encoder = resnet18(spatial_dims=2, n_input_channels=in_channels, num_classes=num_classes, feed_forward=False, **stem)
         self.feature_dim = 512

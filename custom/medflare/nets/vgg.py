@@ -7,6 +7,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from medflare import MedflareError
+from medflare.nets._checks import check_bool, check_dropout, check_positive_int
 
 __all__ = ["VGG11_CFG", "SafeMaxPool2d", "VGG11Selector"]
 
@@ -58,14 +59,11 @@ class VGG11Selector(nn.Module):
     ) -> None:
         super().__init__()
         for key, value in (("in_channels", in_channels), ("num_classes", num_classes), ("head_width", head_width)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise MedflareError(f"vgg11_selector: '{key}' must be a positive int, got {value!r}")
+            check_positive_int("vgg11_selector", key, value)
         if not isinstance(width, (int, float)) or isinstance(width, bool) or not 0 < width <= 4:
             raise MedflareError(f"vgg11_selector: 'width' must be a number in (0, 4], got {width!r}")
-        if not isinstance(batch_norm, bool):
-            raise MedflareError(f"vgg11_selector: 'batch_norm' must be true or false, got {batch_norm!r}")
-        if not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-            raise MedflareError(f"vgg11_selector: 'dropout' must be in [0, 1), got {dropout!r}")
+        check_bool("vgg11_selector", "batch_norm", batch_norm)
+        check_dropout("vgg11_selector", dropout)
         layers: list[nn.Module] = []
         channels = in_channels
         for item in VGG11_CFG:

@@ -165,7 +165,7 @@ def test_dead_site_ends_the_job_with_a_clear_error_in_bounded_time(fed, jobs, se
     """Kill one site's job process mid-job (50 rounds): the job must end, not hang, and say which site failed."""
     job_id, victim = jobs["dead_site"], fed.sites[0]
     deadline = time.time() + JOB_TIMEOUT
-    while "round 0:" not in _site_job_log(fed, victim, job_id) or "local steps" not in _site_job_log(fed, victim, job_id):
+    while not ("round 0:" in (log := _site_job_log(fed, victim, job_id)) and "local steps" in log):
         assert time.time() < deadline, "the dead_site job never trained a round"
         assert not sess.get_job_status(job_id).startswith("FINISHED"), sess.get_job_meta(job_id)
         time.sleep(1)

@@ -152,12 +152,20 @@ def _site_job_log(fed, site, job_id) -> str:
     return log.read_text() if log.is_file() else ""
 
 
-def _evaluate(model, datalist, out) -> dict:
-    """`medflare evaluate` as an operator runs it (a subprocess of the installed command)."""
+def _evaluate(fed, model, out) -> dict:
+    """`medflare evaluate` of ``model`` on the second site's test split, as an operator runs it (a subprocess
+    of the installed command): one score per test case, each a Dice in [0, 1], and the mean is their mean."""
+    datalist = fed.data / f"{fed.sites[1]}.json"
     cmd = [str(Path(sys.executable).parent / "medflare"), "evaluate", "--model", str(model), "--datalist", str(datalist), "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads(Path(out).read_text())
+    result = json.loads(Path(out).read_text())
+    assert 0.0 <= result["mean"]["dice"] <= 1.0 and result["per_case"], result
+    dice = [case["dice"] for case in result["per_case"]]
+    assert len(dice) == result["num_cases"] == len(json.loads(datalist.read_text())["testing"]), result
+    assert all(0.0 <= d <= 1.0 for d in dice), dice
+    assert result["mean"]["dice"] == pytest.approx(float(np.nanmean(dice))), result
+    return result
 
 
 # ---- tests, in the order that overlaps the jobs best -----------------------------------------
@@ -230,9 +238,11 @@ def test_fedavg_through_the_admin_api(fed, jobs, sess, tmp_path):
     for site, tags in scalars.items():
         assert [s for s, _ in tags["val_global/dice"]] == list(range(ROUNDS)), (site, tags.keys())
         assert len(tags["train_loss"]) == ROUNDS
-    site = fed.sites[1]
-    result = _evaluate(ws / "app_server" / "FL_global_model.pt", fed.data / f"{site}.json", tmp_path / "eval.json")
-    assert 0.0 <= result["mean"]["dice"] <= 1.0 and result["per_case"], result
+    # the federation trained: the saved global model is not the initial one every site started from
+    init = model_from_preset(PRESET).state_dict()
+    final = read_checkpoint(ws / "app_server" / "FL_global_model.pt")["model"]
+    assert set(final) == set(init) and any(not np.allclose(final[k].numpy(), init[k].numpy()) for k in init), "the global model never changed"
+    _evaluate(fed, ws / "app_server" / "FL_global_model.pt", tmp_path / "eval.json")
 
 
 def _strict_scope() -> dict:
@@ -293,6 +303,5 @@ def test_fedsm_through_the_admin_api(fed, jobs, sess, tmp_path):
     assert set(scalars) >= set(fed.sites), scalars.keys()
     from medflare.fedsm.supermodel import SUPER_MODEL_FILE
 
-    site = fed.sites[1]
-    result = _evaluate(ws / "app_server" / SUPER_MODEL_FILE, fed.data / f"{site}.json", tmp_path / "eval.json")
-    assert 0.0 <= result["mean"]["dice"] <= 1.0 and result["per_case"], result
+    assert SUPER_MODEL_FILE in saved, saved
+    _evaluate(fed, ws / "app_server" / SUPER_MODEL_FILE, tmp_path / "eval.json")

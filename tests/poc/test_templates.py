@@ -23,22 +23,29 @@ from nvflare.app_common.widgets.component_path_authorizer import ComponentPathAu
 from nvflare.fuel.sec.authz import parse_policy_config
 from nvflare.private.fed.app.fl_conf import PrivacyConfiger
 
+from medflare.common.jobconfig import _components
+
 REPO = Path(__file__).resolve().parents[2]
 SITE = REPO / "app_configs" / "site" / "local"
 SERVER = REPO / "app_configs" / "server" / "local"
 
 
 class _Workspace:
-    def __init__(self, privacy_file: Path):
-        self.privacy_file = privacy_file
+    """The two file look-ups of FLARE's Workspace that PrivacyConfiger and ComponentPathAuthorizer make."""
+
+    def __init__(self, local: Path):
+        self.local = local
 
     def get_site_privacy_file_path(self):
-        return str(self.privacy_file)
+        return str(self.local / "privacy.json")
+
+    def get_resources_file_path(self):
+        return str(self.local / "resources.json")
 
 
 @pytest.fixture(scope="module")
 def privacy():
-    configer = PrivacyConfiger(_Workspace(SITE / "privacy.json"), names_only=False)
+    configer = PrivacyConfiger(_Workspace(SITE), names_only=False)
     configer.configure()
     return configer.privacy_manager
 
@@ -86,34 +93,25 @@ def test_no_weights_scope_empties_weights_and_passes_other_payloads(privacy):
 def _job_component_paths():
     for config in sorted(REPO.glob("jobs/*/app/config/config_fed_*.json")):
         data = json.loads(config.read_text())
-        comps = [*data.get("workflows", []), *data.get("components", [])]
-        comps += [e["executor"] for e in data.get("executors", [])]
-        comps += data.get("task_data_filters", []) + data.get("task_result_filters", [])
+        comps = [*_components(data), *data.get("task_data_filters", []), *data.get("task_result_filters", [])]
         for comp in comps:
             yield config, comp
 
 
-@pytest.mark.parametrize("resources", [SITE / "resources.json", SERVER / "resources.json"], ids=["site", "server"])
-def test_allow_list_admits_every_job_component_and_nothing_else(resources):
+@pytest.mark.parametrize("local", [SITE, SERVER], ids=["site", "server"])
+def test_allow_list_admits_every_job_component_and_nothing_else(local):
     authorizer = ComponentPathAuthorizer()
-    allow, mode, uses_default = authorizer._get_policy_from_file(str(resources))
+    workspace = _Workspace(local)
+    allow, mode, uses_default = authorizer._get_policy_from_file(workspace.get_resources_file_path())
     assert allow == ["nvflare.", "medflare."] and mode.value == "enforce" and not uses_default
     checked = 0
     for config, comp in _job_component_paths():
-        authorizer.authorize_component_config(comp, workspace=_AllowWorkspace(resources))
+        authorizer.authorize_component_config(comp, workspace=workspace)
         checked += 1
     assert checked > 0
     for outsider in ("json.decoder.JSONDecoder", "medflarex.Thing", "nvflarefake.Thing"):
         with pytest.raises(UnsafeComponentError, match="not in allow_list"):
-            authorizer.authorize_component_config({"path": outsider}, workspace=_AllowWorkspace(resources))
-
-
-class _AllowWorkspace:
-    def __init__(self, resources: Path):
-        self.resources = resources
-
-    def get_resources_file_path(self):
-        return str(self.resources)
+            authorizer.authorize_component_config({"path": outsider}, workspace=workspace)
 
 
 @pytest.mark.parametrize("path", [SITE / "authorization.json", SERVER / "authorization.json"], ids=["site", "server"])

@@ -56,12 +56,18 @@ def test_load_site_segmentation_default(tmp_path):
     assert len(sd.train) >= 4 and len(sd.val) >= 2 and len(sd.test) >= 2 and sd.source.suffix == ".json"
     batch = next(iter(torch.utils.data.DataLoader(sd.train, batch_size=3)))
     assert batch["image"].shape == (3, 1, 16, 16) and batch["label"].shape == (3, 1, 16, 16)
+    # site-1 has max(8, round(240 * 0.05)) = 12 cases, split 50/25/25; each split is the datalist's own
+    datalist = json.loads(sd.source.read_text())
+    for ds, key, n in ((sd.train, "training", 6), (sd.val, "validation", 3), (sd.test, "testing", 3)):
+        assert len(ds) == n == len(datalist[key])
+        assert [ds[i]["name"] for i in range(n)] == [e["image"].split("/")[-1] for e in datalist[key]]
 
 
 def test_load_site_classification_default():
     sd = load_site("site-3", CLS_TINY)
     assert sd.task == "classification" and sd.num_classes == 10 and sd.in_channels == 1 and sd.source.name == "site-3.npz"
     assert len(sd.train) > len(sd.val) > 0 and len(sd.test) > 0
+    assert (sd.train[0]["name"], sd.val[0]["name"], sd.test[0]["name"]) == ("train_0", "val_0", "test_0")
     with pytest.raises(MedflareError, match=r"site-4.*site-1..site-3"):
         load_site("site-4", CLS_TINY)
 
@@ -125,6 +131,10 @@ def test_error_local_config_bad(tmp_path):
 def test_error_nothing_configured_for_hospital_kind():
     with pytest.raises(MedflareError, match=r"site 'site-1'.*MEDFLARE_DATA.*medflare_data.json"):
         resolve_site_source("site-1", {"kind": "npz"})
+    with pytest.raises(MedflareError, match=r'e.g. \{"npz": "/path/to/site-1.npz"\}'):
+        resolve_site_source("site-1", {"kind": "npz"})
+    with pytest.raises(MedflareError, match=r'e.g. \{"datalist": "/path/to/site-1.json"\}'):
+        resolve_site_source("site-1", {"kind": "datalist"})
 
 
 def test_error_unknown_data_kind():

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 import torch
 
 from medflare import MedflareError
-from medflare.data.loaders import load_npz_split, load_seg_split
+from medflare.data.loaders import NPZ_SPLITS, SEG_SPLITS, load_npz_split, load_seg_split
 from medflare.data.synthetic_cls import make_cls_sites
 from medflare.data.synthetic_seg import make_seg_site
 from medflare.data.util import DATA_ENV, cache_root, ensure_generated, param_tag
@@ -30,6 +30,8 @@ from medflare.data.util import DATA_ENV, cache_root, ensure_generated, param_tag
 #: data kind -> task
 KINDS = {"synthetic_seg": "segmentation", "datalist": "segmentation", "synthetic_cls": "classification", "npz": "classification"}
 _SUFFIX = {"segmentation": ".json", "classification": ".npz"}
+#: task -> the medflare_data.json key naming a file of that task's data
+_CONFIG_KEY = {"segmentation": "datalist", "classification": "npz"}
 LOCAL_CONFIG = "medflare_data.json"
 _GENERATOR_VERSION = 1  # bump when a generator's output changes, so stale caches are not reused
 
@@ -96,7 +98,7 @@ def _from_local_config(config: pathlib.Path, site: str, task: str) -> pathlib.Pa
     where = f"'{config}' key '{key}'"
     if key == "data_dir":
         return _from_data_dir(path, site, task, where)
-    expected = "datalist" if task == "segmentation" else "npz"
+    expected = _CONFIG_KEY[task]
     if key != expected:
         raise MedflareError(f"site '{site}': {where} names {key} data, but the job needs {task} ('{expected}')")
     return _check_suffix(path, task, site, where)
@@ -152,7 +154,7 @@ def resolve_site_source(site: str, data_cfg: Mapping, local_dir: str | os.PathLi
     raise MedflareError(
         f"site '{site}': data kind '{data_cfg['kind']}' needs the site's own data; set ${DATA_ENV} to a folder "
         f"holding {site}{_SUFFIX[task]}, or write <local>/{LOCAL_CONFIG} "
-        f"(e.g. {{\"{'datalist' if task == 'segmentation' else 'npz'}\": \"/path/to/{site}{_SUFFIX[task]}\"}})"
+        f"(e.g. {{\"{_CONFIG_KEY[task]}\": \"/path/to/{site}{_SUFFIX[task]}\"}})"
     )
 
 
@@ -170,11 +172,11 @@ def load_site(
             if "num_classes" not in data_cfg and data_cfg["kind"] == "datalist":
                 raise MedflareError("config key 'data.num_classes' is required for kind 'datalist'")
             num_classes = int(data_cfg.get("num_classes", 3))
-            splits = [load_seg_split(source, s, num_classes=num_classes, cache=cache) for s in ("training", "validation", "testing")]
+            splits = [load_seg_split(source, s, num_classes=num_classes, cache=cache) for s in SEG_SPLITS]
             in_channels = int(splits[0][0]["image"].shape[0])
         else:
             num_classes = data_cfg.get("num_classes")
-            splits = [load_npz_split(source, s, num_classes=num_classes) for s in ("train", "val", "test")]
+            splits = [load_npz_split(source, s, num_classes=num_classes) for s in NPZ_SPLITS]
             if num_classes is None:
                 num_classes = int(max(int(d.labels.max()) for d in splits)) + 1
             in_channels = int(splits[0].images.shape[1])

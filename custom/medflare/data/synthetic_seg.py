@@ -54,7 +54,6 @@ STYLE_TABLE: tuple[dict[str, Any], ...] = (
          blur=2.0, disc_radius=0.15, eccentricity=1.20, cup_ratio=0.50, vessels=5, n_cases=90),
 )
 _JITTERED = ("gamma", "contrast", "bias", "noise", "blur", "disc_radius", "eccentricity", "cup_ratio", "n_cases")
-SPLITS = ("training", "validation", "testing")
 
 
 def segmentation_style(site: str, seed: int = 0) -> dict[str, Any]:

@@ -75,6 +75,8 @@ def _gammas(args, stored) -> list[float]:
 
 
 def _score(model, predict, sources, metrics, verbose, sites=(), label="model") -> dict[str, Any]:
+    from medflare.common.report import markdown_table, site_table
+    from medflare.fedsm.routing import selection_frequency
     from medflare.metrics import evaluate
 
     per_site = {}
@@ -83,8 +85,6 @@ def _score(model, predict, sources, metrics, verbose, sites=(), label="model") -
             predict.reset()
         result = evaluate(model, make_loader(dataset, 8, False), task=task, num_classes=num_classes, metrics=metrics, predict=predict)
         if predict is not None:
-            from medflare.fedsm.routing import selection_frequency
-
             result["selection"] = selection_frequency(predict.choices, sites)
         prefix = f"{name}: " if len(sources) > 1 else ""
         if verbose:
@@ -96,8 +96,6 @@ def _score(model, predict, sources, metrics, verbose, sites=(), label="model") -
         per_site[name] = result
     if len(per_site) == 1:
         return next(iter(per_site.values()))
-    from medflare.common.report import markdown_table, site_table
-
     table = site_table(per_site)
     key = next(iter(table["client_average"]), None)
     print(markdown_table({label: table}, metric=key or "dice"))
@@ -115,17 +113,17 @@ def selection_table(freqs: dict[str, dict[str, float]]) -> str:
 
 
 def cmd_evaluate(args) -> dict[str, Any]:
-    from medflare.common.checkpoint import load_model, read_checkpoint
+    from medflare.common.checkpoint import model_from_checkpoint, read_checkpoint
+    from medflare.fedsm.supermodel import is_super_model, super_model_from_checkpoint
     from medflare.presets import get_preset
 
+    data = read_checkpoint(args.model)  # read once, whichever kind of model it holds
     super_model = None
-    if args.gamma is not None or (read_checkpoint(args.model).get("train_conf") or {}).get("medflare", {}).get("kind") == "super_model":
-        from medflare.fedsm.supermodel import load_super_model
-
-        super_model = load_super_model(args.model)
+    if args.gamma is not None or is_super_model(data):
+        super_model = super_model_from_checkpoint(data, args.model)
         desc = super_model.description
     else:
-        model, desc = load_model(args.model, preset=args.preset)
+        model, desc = model_from_checkpoint(data, args.model, preset=args.preset)
     sources = _datasets(args, desc)
     metrics = args.metrics.split(",") if args.metrics else get_preset(desc["preset"])["eval"]["metrics"]
     if super_model is None:

@@ -51,12 +51,18 @@ def describe_checkpoint(data: dict[str, Any], path: str, preset: str | None = No
 
 def load_model(path: str | os.PathLike, preset: str | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Rebuild the single network saved at ``path``; returns (model in eval mode, its description)."""
-    data = read_checkpoint(path)
+    return model_from_checkpoint(read_checkpoint(path), path, preset)
+
+
+def model_from_checkpoint(
+    data: dict[str, Any], path: str | os.PathLike, preset: str | None = None
+) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """:func:`load_model` on a dict already read by :func:`read_checkpoint` (``path`` names it in errors)."""
     desc = describe_checkpoint(data, str(path), preset)
     if desc.get("kind", "model") != "model":
         raise MedflareError(f"model file '{path}' holds a '{desc['kind']}', not a single model")
     state = data.get("model", data)
     spec = desc["model"]
     model = build_model(spec["name"], **spec.get("args", {}))
-    load_numpy_state(model, {k: v.numpy() if hasattr(v, "numpy") else v for k, v in state.items()}, who=f"file '{path}'")
+    load_numpy_state(model, state, who=f"file '{path}'")
     return model.eval(), desc

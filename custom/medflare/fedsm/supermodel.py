@@ -93,7 +93,7 @@ class SuperModel:
 
 def _build(spec: Mapping[str, Any], state: Mapping[str, torch.Tensor], what: str, selector: bool = False) -> torch.nn.Module:
     model = build_selector(spec) if selector else build_model(spec["name"], **spec.get("args", {}))
-    load_numpy_state(model, {k: v.numpy() for k, v in state.items()}, who=what)
+    load_numpy_state(model, state, who=what)
     return model.eval()
 
 
@@ -104,7 +104,11 @@ def is_super_model(data: Mapping[str, Any]) -> bool:
 
 def load_super_model(path: str | os.PathLike) -> SuperModel:
     """Rebuild every network of a saved super model; MedflareError names the file and what is wrong."""
-    data = read_checkpoint(path)
+    return super_model_from_checkpoint(read_checkpoint(path), path)
+
+
+def super_model_from_checkpoint(data: Mapping[str, Any], path: str | os.PathLike) -> SuperModel:
+    """:func:`load_super_model` on a dict already read by :func:`read_checkpoint` (``path`` names it in errors)."""
     if not is_super_model(data):
         raise MedflareError(f"model file '{path}' is not a FedSM super model (no 'super_model' description)")
     desc = describe_checkpoint(data, str(path))

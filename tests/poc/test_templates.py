@@ -23,7 +23,7 @@ from nvflare.app_common.widgets.component_path_authorizer import ComponentPathAu
 from nvflare.fuel.sec.authz import parse_policy_config
 from nvflare.private.fed.app.fl_conf import PrivacyConfiger
 
-from medflare.common.jobconfig import _components
+from medflare.common.jobconfig import components
 
 REPO = Path(__file__).resolve().parents[2]
 SITE = REPO / "app_configs" / "site" / "local"
@@ -93,7 +93,7 @@ def test_no_weights_scope_empties_weights_and_passes_other_payloads(privacy):
 def _job_component_paths():
     for config in sorted(REPO.glob("jobs/*/app/config/config_fed_*.json")):
         data = json.loads(config.read_text())
-        comps = [*_components(data), *data.get("task_data_filters", []), *data.get("task_result_filters", [])]
+        comps = [*components(data), *data.get("task_data_filters", []), *data.get("task_result_filters", [])]
         for comp in comps:
             yield config, comp
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from medflare import MedflareError
-from medflare.common.jobconfig import customize_job
+from medflare.common.jobconfig import components, customize_job
 from medflare.presets import PRESETS
 
 
@@ -14,8 +14,7 @@ def _configs(job_dir):
 
 
 def _medflare_args(config):
-    comps = config.get("components", []) + config.get("workflows", []) + [e["executor"] for e in config.get("executors", [])]
-    return [c["args"] for c in comps if c["path"].startswith("medflare.") and "preset" in c.get("args", {})]
+    return [c["args"] for c in components(config) if c["path"].startswith("medflare.") and "preset" in c.get("args", {})]
 
 
 @pytest.mark.parametrize("job", ["fedavg", "fedprox", "scaffold"])

@@ -15,7 +15,8 @@ from typing import Any, Iterable, Mapping
 from medflare import MedflareError
 
 
-def _components(config: dict) -> Iterable[dict]:
+def components(config: dict) -> Iterable[dict]:
+    """Every component of a FLARE app config: workflows, components and executors (``{"path", "args"}`` dicts)."""
     for section in ("workflows", "components"):
         yield from config.get(section, [])
     for entry in config.get("executors", []):
@@ -50,7 +51,7 @@ def customize_job(
     shutil.copytree(src, dst)
     for path in dst.glob("*/config/config_fed_*.json"):
         config = json.loads(path.read_text())
-        for comp in _components(config):
+        for comp in components(config):
             args = comp.setdefault("args", {})
             if comp.get("path", "").startswith("medflare.") and "preset" in args:
                 if preset is not None:

@@ -105,3 +105,15 @@ def test_unknown_name_and_bad_args_raise_medflare_error():
 def test_bad_values_name_model_and_key(name, args, match):
     with pytest.raises(MedflareError, match=match):
         build_model(name, **args)
+
+
+def test_parameter_counts_by_hand():
+    # vgg11_selector defaults (width 0.25): convs 1->16->32->64->64->128->128->128->128, 3x3 + bias:
+    # 160 + 4640 + 18496 + 36928 + 73856 + 3 * 147584 = 576832; head 128*128+128 + 128*4+4 = 17028
+    assert count_parameters(build_model("vgg11_selector", in_channels=1, num_classes=4)) == 576_832 + 17_028
+    # resnet8 (16, 32, 64), 3 channels: stem 432+32; block1 2*(2304+32); block2 4608+64 + 9216+64 + 512+64;
+    # block3 18432+128 + 36864+128 + 2048+128; fc 640+10 -> the ~78K "resnet8" of the KD literature
+    assert count_parameters(build_model("resnet8", in_channels=3, num_classes=10, widths=[16, 32, 64])) == 78_042
+    frozen = build_model("resnet8", in_channels=3, num_classes=10, widths=[16, 32, 64])
+    frozen.classifier.requires_grad_(False)
+    assert count_parameters(frozen, trainable_only=True) == 78_042 - 650 and count_parameters(frozen) == 78_042

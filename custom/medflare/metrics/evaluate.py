@@ -13,34 +13,25 @@ from medflare.metrics.classification import to_class_labels
 from medflare.metrics.instance import aggregated_jaccard_index, object_dice, to_instances
 from medflare.metrics.segmentation import (
     check_label_maps,
-    dice,
-    hd95,
     mean_pixel_accuracy,
     nanmean_with_count,
     per_class_scores,
-    sensitivity,
-    specificity,
     variation_of_information,
 )
 
 __all__ = ["SEGMENTATION_METRICS", "CLASSIFICATION_METRICS", "TASKS", "evaluate", "logits_to_label_map"]
 
 #: Per-foreground-class metrics; "<name>" is the mean over classes, "<name>_c<k>" is class k >= 1.
-_PER_CLASS: dict[str, Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]] = {
-    "dice": dice,
-    "hd95": hd95,
-    "sensitivity": sensitivity,
-    "specificity": specificity,
-}
+_PER_CLASS: tuple[str, ...] = ("dice", "hd95", "sensitivity", "specificity")
 SEGMENTATION_METRICS: tuple[str, ...] = (*_PER_CLASS, "mpa", "vi", "aji", "object_dice")
 CLASSIFICATION_METRICS: tuple[str, ...] = ("accuracy",)
 TASKS = {"segmentation": "segmentation", "seg": "segmentation", "classification": "classification", "cls": "classification"}
-_CLASS_RE = re.compile(r"^(dice|hd95|sensitivity|specificity)_c(\d+)$")
+_CLASS_RE = re.compile(rf"^({'|'.join(_PER_CLASS)})_c(\d+)$")
 
 
 def _known(task: str) -> str:
     base = SEGMENTATION_METRICS if task == "segmentation" else CLASSIFICATION_METRICS
-    extra = ", dice_c1, hd95_c1, sensitivity_c1, specificity_c1, ..." if task == "segmentation" else ""
+    extra = "".join(f", {name}_c1" for name in _PER_CLASS) + ", ..." if task == "segmentation" else ""
     return ", ".join(base) + extra
 
 

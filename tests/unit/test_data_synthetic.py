@@ -88,6 +88,8 @@ def test_seg_scale_keeps_every_split_non_empty(tmp_path):
     path = make_seg_site("site-4", tmp_path, image_size=16, scale=0.01)
     for split in ("training", "validation", "testing"):
         assert len(load_seg_split(path, split, num_classes=3, cache=False)) >= 2
+    # scale 0.01 leaves round(40 * 0.01) = 0 cases; the floor of 8 splits 50/25/25
+    assert [len(load_seg_split(path, s, num_classes=3, cache=False)) for s in ("training", "validation", "testing")] == [4, 2, 2]
 
 
 def test_cls_generation_is_deterministic_and_medmnist_layout(tmp_path):
@@ -101,6 +103,16 @@ def test_cls_generation_is_deterministic_and_medmnist_layout(tmp_path):
             assert np.array_equal(za[key], zb[key])
         assert za["train_images"].dtype == np.uint8 and za["train_images"].shape[1:] == (28, 28)
         assert za["train_labels"].shape[1] == 1
+    # the pool of round(6000 * 0.1) = 600 images, 60 per class, is dealt out whole, each site split 70/15/15
+    counts, total = np.zeros(10, int), 0
+    for site in a:
+        z = np.load(a[site])
+        n = [len(z[f"{s}_labels"]) for s in ("train", "val", "test")]
+        assert n[1] == n[2] == max(1, round(0.15 * sum(n))) and all(len(z[f"{s}_images"]) == k for s, k in zip(("train", "val", "test"), n))
+        for s in ("train", "val", "test"):
+            counts += np.bincount(z[f"{s}_labels"][:, 0], minlength=10)
+        total += sum(n)
+    assert total == 600 and counts.tolist() == [60] * 10
 
 
 def test_cls_three_channels(tmp_path):

@@ -213,6 +213,10 @@ def test_overlay_image_layout():
     assert np.array_equal(panel[:, 0, 2], panel[:, 0, 6]) and np.array_equal(panel[:, 0, 2], panel[:, 0, 10])
     assert len(set(panel[:, 1, 5].tolist())) > 1
     assert np.array_equal(panel[:, 1, 9], panel[:, 1, 1])
+    # grey 5/15*255 = 85 blended half-and-half with PALETTE[0] (class 1) = (230, 25, 75)
+    assert panel[:, 1, 5].tolist() == [158, 55, 80]
+    # pred class 2 at (3, 1): grey 13/15*255 = 221 with PALETTE[1] = (60, 180, 75); rint halves to even
+    assert panel[:, 3, 9].tolist() == [140, 200, 148] and panel[:, 3, 5].tolist() == [221, 221, 221]
 
 
 def test_overlay_image_accepts_rgb_and_multichannel():

@@ -16,8 +16,12 @@ PALETTE = np.array(
 )
 
 
+def _to_numpy(x: torch.Tensor | np.ndarray) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
 def _as_2d(x: torch.Tensor | np.ndarray, key: str) -> np.ndarray:
-    arr = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    arr = _to_numpy(x)
     if arr.ndim == 3 and arr.shape[0] == 1:
         arr = arr[0]
     if arr.ndim != 2:
@@ -38,8 +42,7 @@ def overlay_image(
     label maps) is blended in its PALETTE colour with opacity ``alpha``. CHW, ready for
     ``SummaryWriter.add_image(tag, panel, dataformats="CHW")``.
     """
-    img = image.detach().cpu().numpy() if isinstance(image, torch.Tensor) else np.asarray(image)
-    img = img.astype(np.float32)
+    img = _to_numpy(image).astype(np.float32)
     if img.ndim == 3 and img.shape[0] == 3:
         img = img.transpose(1, 2, 0)  # RGB image: (H, W, 3)
     elif img.ndim == 3:

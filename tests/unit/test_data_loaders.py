@@ -80,6 +80,12 @@ def test_npz_round_trip_and_layouts(tmp_path):
     floats = _write_npz(tmp_path / "f.npz", train_images=np.linspace(0, 1000, 6 * 64).reshape(6, 8, 8))
     x = load_npz_split(floats, "train")[5]["image"]
     assert x.shape == (1, 8, 8) and float(x.max()) == pytest.approx(1.0)
+    # one scale over the whole array, not per image: image 0 holds the lowest 64 of 384 values
+    x0 = load_npz_split(floats, "train")[0]["image"]
+    assert float(x0.min()) == 0.0 and float(x0.max()) == pytest.approx(63 / 383)
+    unit = np.linspace(0.2, 0.7, 6 * 64).reshape(6, 8, 8)  # float already in [0, 1]: kept as is
+    kept = load_npz_split(_write_npz(tmp_path / "u.npz", train_images=unit), "train")[1]["image"]
+    assert torch.allclose(kept[0], torch.from_numpy(unit[1]).float())
     batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=5)))
     assert batch["image"].shape == (5, 3, 8, 8) and batch["label"].shape == (5,)
 

@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from medflare.common.checkpoint import load_model
-from medflare.common.jobconfig import customize_job
+from medflare.common.results import load_result
+from medflare.testing.jobconfig import customize_job
 from medflare.common.report import markdown_table, site_table
-from medflare.common.simrun import run_simulator
+from medflare.testing.simrun import run_simulator
 from medflare.common.training import make_loader
 from medflare.data import load_site
 from medflare.metrics import evaluate
@@ -70,7 +70,7 @@ def run_fl(job: str, sites: list[str], rounds: int, preset: str, work: Path) -> 
         sum(dict(scalars[s][f"val_global/{key}"]).get(r, float("nan")) for s in sites) / len(sites)
         for r in range(rounds)
     ]
-    model, _ = load_model(model_file)
+    model = load_result(model_file).model
     table = score_sites(model, sites, preset)
     # Sites validate the global model they receive, so round r's score is that of r completed rounds.
     table.update(curve=curve, curve_x=list(range(rounds)), seconds=run.seconds)

@@ -29,9 +29,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_baselines import FL_JOBS, plot_curves, run_fl, run_standalone_row, score_sites  # noqa: E402
 
-from medflare.common.jobconfig import customize_job  # noqa: E402
+from medflare.testing.jobconfig import customize_job  # noqa: E402
 from medflare.common.report import markdown_table  # noqa: E402
-from medflare.common.simrun import run_simulator  # noqa: E402
+from medflare.testing.simrun import run_simulator  # noqa: E402
 from medflare.fedsm.routing import selection_frequency  # noqa: E402
 from medflare.fedsm.supermodel import SUPER_MODEL_FILE, load_super_model  # noqa: E402
 from medflare.presets import get_preset  # noqa: E402

@@ -35,7 +35,7 @@ from medflare.common.payload import load_numpy_state, state_to_numpy
 from medflare.common.training import make_loader, make_loss, train_epochs
 from medflare.data import load_site
 from medflare.fedsm.calibrate import feature_stats, fit_head, selector_features, set_head
-from medflare.fedsm.softpull import weighted_mean
+from medflare.common.aggregation import weighted_mean
 from medflare.fedsm.selector import build_selector
 from medflare.presets import get_preset
 

@@ -24,8 +24,8 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
-from medflare.common.jobconfig import customize_job
-from medflare.common.simrun import run_simulator
+from medflare.testing.jobconfig import customize_job
+from medflare.testing.simrun import run_simulator
 
 REPO = Path(__file__).resolve().parents[1]
 TRIVIAL = {

@@ -1,15 +1,18 @@
-"""The ``medflare`` command: make data, score saved models, run the non-federated baselines.
+"""The ``medflare`` command: make data, inspect and score saved results, write predictions and samples, run the
+non-federated baselines.
 
     medflare data --preset seg_synthetic -n 4 --out DIR          write sites' data for MEDFLARE_DATA=DIR
-    medflare evaluate --model FILE --datalist JSON [--split testing] [--out results.json]
-    medflare evaluate --model FILE --npz FILE [--split testing]
-    medflare evaluate --model FILE --site site-1                  (the site's configured or embedded data)
-    medflare evaluate --model FILE --sites site-1,site-2 | -n 4   per-site, client-average and global table
-    medflare evaluate --model FedSM_super_model.pt --site site-6 --gamma 0,0.5,0.9
-                                   FedSM super model (Algorithm 2) at each gamma, with selection frequencies
+    medflare show --model FILE                                   what a saved result is and what it holds
+    medflare evaluate --model FILE --datalist JSON [--split testing] [--out results.json] [--verbose]
+    medflare evaluate --model FILE --npz FILE                    classification: per-class accuracy, confusion matrix
+    medflare evaluate --model FILE --site site-1 | --sites a,b | -n 4   (sites' configured or embedded data)
+    medflare predict --model FILE --datalist JSON --out DIR      one label map per image, next to the image's header
+    medflare sample --model FILE --labels JSON --out DIR         images generated from label maps (generators)
     medflare baseline --mode local|central --preset P -n 4 --epochs 10 [--out results.json]
 
-Every user error (missing file, unknown preset, wrong shapes) exits with status 2 and one line naming it.
+A saved result says what kind it is; the kind decides what it can do (see ``medflare show``) and which
+extra options it takes (listed per kind below each command's help). Every user error (missing file,
+unknown preset, wrong shapes) exits with status 2 and one line naming it.
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
-from medflare import MedflareError
-from medflare.common.training import make_loader
+from medflare import ConfigError, MedflareError
 
 DATALIST_SPLITS = {"training": "train", "validation": "val", "testing": "test"}
 
@@ -28,7 +31,7 @@ DATALIST_SPLITS = {"training": "train", "validation": "val", "testing": "test"}
 def _sites(args) -> list[str]:
     if args.sites:
         return [s.strip() for s in args.sites.split(",") if s.strip()]
-    return [f"site-{i}" for i in range(1, args.n + 1)]
+    return [f"site-{i}" for i in range(1, (args.n or 4) + 1)]
 
 
 def cmd_data(args) -> dict[str, Any]:
@@ -43,98 +46,140 @@ def cmd_data(args) -> dict[str, Any]:
         params["num_sites"] = args.n
         paths = {s: str(p) for s, p in make_cls_sites(args.out, **params).items()}
     else:
-        raise MedflareError(f"preset '{args.preset}' reads a site's own data; only synthetic presets can be generated")
+        raise ConfigError(f"preset '{args.preset}' reads a site's own data; only synthetic presets can be generated")
     print(f"wrote {len(paths)} sites to {args.out}; use them with MEDFLARE_DATA={args.out}")
     return paths
 
 
-def _datasets(args, desc) -> dict[str, tuple]:
+# ---- results ---------------------------------------------------------------------------------
+def _load(args):
+    from medflare.common.results import load_result
+    from medflare.common.training import pick_device
+
+    result = load_result(args.model, preset=getattr(args, "preset", None))
+    device = pick_device(args.device)
+    return result.to(device), device
+
+
+def _kind_options(args, result) -> dict[str, Any]:
+    """The values of the options the result's kind declares; an option of another kind is an error."""
+    from medflare.common.results import kinds
+
+    own = {o.name: o for o in kinds()[result.kind].options}
+    values = {}
+    for kind in kinds().values():
+        for opt in kind.options:
+            raw = getattr(args, opt.name, None)
+            if raw is None or opt.name in values:
+                continue
+            if opt.name not in own:
+                raise ConfigError(f"--{opt.name} is an option of kind '{kind.name}'; '{args.model}' is kind '{result.kind}'")
+            values[opt.name] = own[opt.name].parse(raw)
+    return values
+
+
+def _sources(args, data_cfg) -> dict[str, tuple]:
     """``{name: (dataset, task, num_classes)}``: one datalist, .npz or site, or several sites (--sites / -n)."""
     from medflare.data import load_npz_split, load_seg_split, load_site
 
-    num_classes = desc["data"]["num_classes"]
+    num_classes = data_cfg["num_classes"]
     if args.datalist:
         return {args.datalist: (load_seg_split(args.datalist, args.split, num_classes=num_classes), "segmentation", num_classes)}
     if args.npz:
-        return {args.npz: (load_npz_split(args.npz, DATALIST_SPLITS.get(args.split, args.split)), "classification", num_classes)}
+        return {args.npz: (load_npz_split(args.npz, DATALIST_SPLITS.get(args.split, args.split), num_classes=num_classes),
+                           "classification", num_classes)}
     out = {}
     for name in [args.site] if args.site else _sites(args):
-        site = load_site(name, desc["data"])
+        site = load_site(name, data_cfg)
         out[name] = (getattr(site, DATALIST_SPLITS.get(args.split, args.split)), site.task, site.num_classes)
     return out
 
 
-def _gammas(args, stored) -> list[float]:
-    try:
-        gammas = [float(g) for g in args.gamma.split(",")] if args.gamma else [stored if stored is not None else 0.9]
-    except ValueError:
-        raise MedflareError(f"--gamma must be comma-separated numbers in [0, 1], got '{args.gamma}'") from None
-    if not all(0 <= g <= 1 for g in gammas):
-        raise MedflareError(f"--gamma values must lie in [0, 1], got {gammas}")
-    return gammas
-
-
-def _score(model, predict, sources, metrics, verbose, sites=(), label="model") -> dict[str, Any]:
-    from medflare.common.report import markdown_table, site_table
-    from medflare.fedsm.routing import selection_frequency
+def _evaluate_one(label, predictor, sources, metrics, device, batch_size, verbose) -> dict[str, Any]:
+    """Score one predictor on every source and print the summary a person reads."""
+    from medflare.common.report import confusion_matrix, confusion_table, metrics_table, named_fractions_table, site_table
+    from medflare.common.training import make_loader
     from medflare.metrics import evaluate
 
-    per_site = {}
+    import torch
+
+    per_site, reports = {}, {}
     for name, (dataset, task, num_classes) in sources.items():
-        if predict is not None:
-            predict.reset()
-        result = evaluate(model, make_loader(dataset, 8, False), task=task, num_classes=num_classes, metrics=metrics, predict=predict)
-        if predict is not None:
-            result["selection"] = selection_frequency(predict.choices, sites)
-        prefix = f"{name}: " if len(sources) > 1 else ""
-        if verbose:
-            for case in result["per_case"]:
-                print(prefix + "  ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in case.items()))
-        print(prefix + "mean: " + "  ".join(f"{k}={v:.4f}" for k, v in result["mean"].items()))
-        if "selection" in result:
-            print(prefix + "selected: " + "  ".join(f"{k}={v:.3f}" for k, v in result["selection"].items()))
+        if hasattr(predictor, "reset"):
+            predictor.reset()
+        model = predictor if isinstance(predictor, torch.nn.Module) else None
+        result = evaluate(model, make_loader(dataset, batch_size, False), task=task, num_classes=num_classes,
+                          metrics=metrics, device=device, predict=None if model is not None else predictor)
+        if hasattr(predictor, "report"):
+            result["report"] = reports[name] = predictor.report()
+        if task == "classification":
+            result["confusion"] = confusion_matrix(result["per_case"], num_classes)
         per_site[name] = result
-    if len(per_site) == 1:
-        return next(iter(per_site.values()))
     table = site_table(per_site)
-    key = next(iter(table["client_average"]), None)
-    print(markdown_table({label: table}, metric=key or "dice"))
-    if predict is not None:
-        print(selection_table({site: r["selection"] for site, r in per_site.items()}))
-    return {**table, "per_site": per_site}
-
-
-def selection_table(freqs: dict[str, dict[str, float]]) -> str:
-    """Paper Table 5 layout: one row per evaluated site, the fraction of its cases sent to each model (%)."""
-    cols = list(next(iter(freqs.values())))
-    lines = ["| test site | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
-    lines += [f"| {site} | " + " | ".join(f"{100 * f[c]:.1f}" for c in cols) + " |" for site, f in freqs.items()]
-    return "\n".join(lines)
+    print(f"\n== {label} ==")
+    print(metrics_table(table, counts={n: r["num_cases"] for n, r in per_site.items()}))
+    if reports:
+        print("\ncases routed to each model (%):\n" + named_fractions_table(reports, first="test site"))
+    for name, result in per_site.items():
+        if "confusion" in result:
+            print(f"\n{name}: confusion matrix and per-class accuracy (%)\n" + confusion_table(result["confusion"]))
+        if verbose:
+            print(f"\n{name}: per case")
+            for case in result["per_case"]:
+                print("  " + "  ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in case.items()))
+    return {"label": label, "sites": per_site, "client_average": table["client_average"], "global": table["global"]}
 
 
 def cmd_evaluate(args) -> dict[str, Any]:
-    from medflare.common.checkpoint import model_from_checkpoint, read_checkpoint
-    from medflare.fedsm.supermodel import is_super_model, super_model_from_checkpoint
-    from medflare.presets import get_preset
+    result, device = _load(args)
+    options = _kind_options(args, result)
+    sources = _sources(args, result.description["data"])
+    metrics = args.metrics.split(",") if args.metrics else result.preset["eval"]["metrics"]
+    print(f"{args.model}: kind '{result.kind}', preset '{result.description['preset']}', {args.split} split, device {device}")
+    evaluations = [
+        _evaluate_one(label, predictor, sources, metrics, device, args.batch_size, args.verbose)
+        for label, predictor in result.predictors(options)
+    ]
+    return {"model": str(args.model), "kind": result.kind, "split": args.split, "options": options, "evaluations": evaluations}
 
-    data = read_checkpoint(args.model)  # read once, whichever kind of model it holds
-    super_model = None
-    if args.gamma is not None or is_super_model(data):
-        super_model = super_model_from_checkpoint(data, args.model)
-        desc = super_model.description
-    else:
-        model, desc = model_from_checkpoint(data, args.model, preset=args.preset)
-    sources = _datasets(args, desc)
-    metrics = args.metrics.split(",") if args.metrics else get_preset(desc["preset"])["eval"]["metrics"]
-    if super_model is None:
-        return _score(model, None, sources, metrics, verbose=True)
-    sweep = {}
-    for gamma in _gammas(args, super_model.info.get("gamma")):
-        print(f"FedSM super model ({len(super_model.sites)} sites), gamma {gamma}:")
-        predict = super_model.predictor(gamma)
-        sweep[gamma] = {"gamma": gamma, **_score(None, predict, sources, metrics, verbose=len(sources) == 1, sites=super_model.sites,
-                                                   label=f"super model, gamma {gamma}")}
-    return next(iter(sweep.values())) if len(sweep) == 1 else {"gamma_sweep": sweep}
+
+def cmd_show(args) -> dict[str, Any]:
+    from medflare.common.results import kinds
+
+    result, _ = _load(args)
+    kind = kinds()[result.kind]
+    print(f"{args.model}: kind '{result.kind}' (version {result.description.get('version', 1)}): {kind.summary}")
+    print(f"preset '{result.description['preset']}', overrides {result.description.get('overrides') or {}}")
+    for name, what in result.parts().items():
+        print(f"  {name}: {what}")
+    for key, value in result.info.items():
+        print(f"  {key}: {value}")
+    if kind.options:
+        print("options: " + ", ".join(f"--{o.name}" for o in kind.options))
+    return {"kind": result.kind, "description": result.description, "parts": result.parts(), "info": result.info}
+
+
+def cmd_predict(args) -> dict[str, Any]:
+    from medflare.data.writeback import write_predictions
+
+    result, device = _load(args)
+    options = _kind_options(args, result)
+    (label, predictor), *rest = result.predictors(options)
+    if rest:
+        raise ConfigError(f"predict writes one prediction per image; give one value for the options of kind '{result.kind}'")
+    written = write_predictions(predictor, result.description["data"], args, device)
+    print(f"{label}: wrote {len(written)} predictions to {args.out}")
+    return {"model": str(args.model), "label": label, "written": [str(p) for p in written]}
+
+
+def cmd_sample(args) -> dict[str, Any]:
+    from medflare.data.writeback import write_samples
+
+    result, device = _load(args)
+    options = _kind_options(args, result)
+    written = write_samples(result, options, args, device)
+    print(f"wrote {len(written)} samples to {args.out}")
+    return {"model": str(args.model), "written": [str(p) for p in written]}
 
 
 def cmd_baseline(args) -> dict[str, Any]:
@@ -146,12 +191,34 @@ def cmd_baseline(args) -> dict[str, Any]:
     return result
 
 
+# ---- the parser ------------------------------------------------------------------------------
+def _add_kind_options(parser: argparse.ArgumentParser) -> None:
+    """Each registered kind's options, grouped under the kind's name."""
+    from medflare.common.results import kinds
+
+    seen = set()
+    for kind in kinds().values():
+        fresh = [o for o in kind.options if o.name not in seen]
+        if not fresh:
+            continue
+        group = parser.add_argument_group(f"options of kind '{kind.name}'", kind.summary)
+        for opt in fresh:
+            group.add_argument(f"--{opt.name}", help=opt.help)
+            seen.add(opt.name)
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="a file a job saved (FL_global_model.pt, a super model, a generator, ...)")
+    p.add_argument("--preset", help="preset of a plain state dict that does not describe itself")
+    p.add_argument("--device", default="auto", help="auto (first GPU when present) | cpu | cuda[:N] (default auto)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="medflare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add_sites(p):
-        p.add_argument("-n", type=int, default=4, help="number of sites site-1..site-N (default 4)")
+        p.add_argument("-n", type=int, help="sites site-1..site-N (default 4)")
         p.add_argument("--sites", help="comma-separated site names (overrides -n)")
 
     p = sub.add_parser("data", help="write synthetic sites to a folder (for MEDFLARE_DATA)")
@@ -160,21 +227,47 @@ def build_parser() -> argparse.ArgumentParser:
     add_sites(p)
     p.set_defaults(func=cmd_data, out_json=None)
 
-    p = sub.add_parser("evaluate", help="score a saved model (or FedSM super model) on a datalist, an .npz or sites' data")
-    p.add_argument("--model", required=True, help="checkpoint written by a job (FL_global_model.pt, FedSM_super_model.pt, ...)")
+    p = sub.add_parser("show", help="what a saved result is, its networks and settings")
+    _add_model(p)
+    p.add_argument("--out", dest="out_json", help="write the description as JSON")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("evaluate", help="score a saved result on a datalist, an .npz or sites' data")
+    _add_model(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--datalist", help="Decathlon-style datalist JSON")
     src.add_argument("--npz", help="MedMNIST-layout .npz")
     src.add_argument("--site", help="a site name resolved like a job does (MEDFLARE_DATA or embedded data)")
     src.add_argument("--sites", help="comma-separated site names: per-site, client-average and global table")
     src.add_argument("-n", type=int, help="sites site-1..site-N (as --sites)")
-    p.add_argument("--gamma", help="FedSM super model: selector confidence threshold(s), comma-separated "
-                   "(default: the job's, else 0.9)")
     p.add_argument("--split", default="testing", help="training | validation | testing (default testing)")
-    p.add_argument("--preset", help="preset of a checkpoint that does not describe itself")
     p.add_argument("--metrics", help="comma-separated metric names (default: the preset's)")
-    p.add_argument("--out", dest="out_json", help="write per-case and mean results as JSON")
+    p.add_argument("--batch-size", type=int, default=8, help="images per forward pass (default 8)")
+    p.add_argument("--verbose", action="store_true", help="also print one line per case")
+    p.add_argument("--out", dest="out_json", help="write per-site, per-case and mean results as JSON")
+    _add_kind_options(p)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("predict", help="write a prediction per image (NIfTI with the image's affine; CSV for classification)")
+    _add_model(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--datalist", help="Decathlon-style datalist JSON")
+    src.add_argument("--npz", help="MedMNIST-layout .npz")
+    p.add_argument("--split", default="testing", help="training | validation | testing (default testing)")
+    p.add_argument("--out", required=True, help="folder for the predictions")
+    p.add_argument("--batch-size", type=int, default=8)
+    _add_kind_options(p)
+    p.set_defaults(func=cmd_predict, out_json=None)
+
+    p = sub.add_parser("sample", help="generate images from label maps (or unconditioned) with a saved generator")
+    _add_model(p)
+    p.add_argument("--labels", help="datalist JSON whose label maps condition the generator")
+    p.add_argument("--split", default="testing", help="datalist split of --labels (default testing)")
+    p.add_argument("--num", type=int, default=8, help="images for an unconditioned generator (default 8)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="folder for the images (NIfTI)")
+    _add_kind_options(p)
+    p.set_defaults(func=cmd_sample, out_json=None)
 
     p = sub.add_parser("baseline", help="local-only or centralised training on the sites' data")
     p.add_argument("--mode", required=True, choices=["local", "central"])
@@ -196,8 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"medflare {args.command}: error: {e}", file=sys.stderr)
         return 2
     if getattr(args, "out_json", None):
-        with open(args.out_json, "w") as f:
-            json.dump(result, f, indent=2, default=float)
+        Path(args.out_json).write_text(json.dumps(result, indent=2, default=float))
         print(f"results written to {args.out_json}")
     return 0
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Mapping
 
-from medflare import MedflareError
+from medflare import ConfigError, MedflareError
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Laptop default: 64x64 synthetic fundus-like sites, 2 foreground classes (disc rim, cup).
@@ -99,7 +99,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 def _merge(base: dict, overrides: Mapping, where: str) -> dict:
     for key, value in overrides.items():
         if key not in base:
-            raise MedflareError(f"unknown config key '{where}{key}' (known: {sorted(base)})")
+            raise ConfigError(f"unknown config key '{where}{key}' (known: {sorted(base)})")
         if isinstance(base[key], dict) and isinstance(value, Mapping) and key != "args":
             _merge(base[key], value, f"{where}{key}.")
         else:
@@ -114,7 +114,7 @@ def get_preset(name: str, overrides: Mapping | None = None) -> dict[str, Any]:
     as a whole because its keys depend on the network.
     """
     if name not in PRESETS:
-        raise MedflareError(f"unknown preset '{name}' (known: {sorted(PRESETS)})")
+        raise ConfigError(f"unknown preset '{name}' (known: {sorted(PRESETS)})")
     return _merge(copy.deepcopy(PRESETS[name]), overrides or {}, "")
 
 

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from medflare.cli import main as medflare_main
-from medflare.common.jobconfig import customize_job
-from medflare.common.simrun import count_images, run_simulator
+from medflare.testing.jobconfig import customize_job
+from medflare.testing.simrun import count_images, run_simulator
 
 pytestmark = pytest.mark.slow
 

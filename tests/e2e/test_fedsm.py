@@ -9,8 +9,8 @@ import json
 import pytest
 
 from medflare.cli import main as medflare_main
-from medflare.common.jobconfig import customize_job
-from medflare.common.simrun import run_simulator
+from medflare.testing.jobconfig import customize_job
+from medflare.testing.simrun import run_simulator
 from medflare.fedsm.supermodel import BEST_SUPER_MODEL_FILE, SUPER_MODEL_FILE, load_super_model
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ def _run(repo, tmp_path, name, rounds=ROUNDS, executor_args=None, **kwargs):
 def _evaluate(model_file, sites, gamma, out):
     args = ["evaluate", "--model", str(model_file), "--sites", ",".join(sites), "--gamma", str(gamma), "--out", str(out)]
     assert medflare_main(args) == 0
-    return json.loads(out.read_text())
+    return json.loads(out.read_text())["evaluations"][0]
 
 
 def test_fedsm_selector_learns_and_super_model_beats_global(repo, tmp_path):
@@ -56,8 +56,8 @@ def test_fedsm_selector_learns_and_super_model_beats_global(repo, tmp_path):
     # gamma 1 routes every case to the global model: the global model's test Dice, scored the same way
     glob = _evaluate(run.app_server / SUPER_MODEL_FILE, CLIENTS, 1.0, tmp_path / "g.json")
     sup = _evaluate(run.app_server / SUPER_MODEL_FILE, CLIENTS, 0.9, tmp_path / "s.json")
-    assert all(glob["per_site"][s]["selection"]["GM"] == 1.0 for s in CLIENTS)
-    own = [sup["per_site"][s]["selection"][s] for s in CLIENTS]
+    assert all(glob["sites"][s]["report"]["GM"] == 1.0 for s in CLIENTS)
+    own = [sup["sites"][s]["report"][s] for s in CLIENTS]
     assert sum(own) / len(own) > 0.6, f"selection of the site's own model: {own}"
     assert sup["client_average"]["dice"] >= glob["client_average"]["dice"] - 0.01, (sup["client_average"], glob["client_average"])
 

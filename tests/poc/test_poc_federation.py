@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 
 from medflare.cli import main as medflare_main
-from medflare.common.checkpoint import load_model, read_checkpoint
-from medflare.common.jobconfig import customize_job
+from medflare.common.results import load_result, read_checkpoint
+from medflare.testing.jobconfig import customize_job
 from medflare.common.persistence import model_from_preset
-from medflare.common.simrun import read_scalars
+from medflare.testing.simrun import read_scalars
 
 pytestmark = [pytest.mark.slow, pytest.mark.poc, pytest.mark.timeout(900)]
 
@@ -154,17 +154,25 @@ def _site_job_log(fed, site, job_id) -> str:
 
 def _evaluate(fed, model, out) -> dict:
     """`medflare evaluate` of ``model`` on the second site's test split, as an operator runs it (a subprocess
-    of the installed command): one score per test case, each a Dice in [0, 1], and the mean is their mean."""
+    of the installed command): one score per test case, and the numbers equal the metric layer's on the same
+    model and data, computed here in-process."""
+    from medflare.data import load_seg_split
+    from medflare.metrics import evaluate
+    from medflare.common.training import make_loader
+
     datalist = fed.data / f"{fed.sites[1]}.json"
     cmd = [str(Path(sys.executable).parent / "medflare"), "evaluate", "--model", str(model), "--datalist", str(datalist), "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads(Path(out).read_text())
-    assert 0.0 <= result["mean"]["dice"] <= 1.0 and result["per_case"], result
-    dice = [case["dice"] for case in result["per_case"]]
-    assert len(dice) == result["num_cases"] == len(json.loads(datalist.read_text())["testing"]), result
-    assert all(0.0 <= d <= 1.0 for d in dice), dice
-    assert result["mean"]["dice"] == pytest.approx(float(np.nanmean(dice))), result
+    result = json.loads(Path(out).read_text())["evaluations"][0]["sites"][str(datalist)]
+    assert result["num_cases"] == len(json.loads(datalist.read_text())["testing"]), result
+    loaded = load_result(model)
+    (_, predictor), = loaded.predictors({})
+    data = loaded.description["data"]
+    direct = evaluate(None, make_loader(load_seg_split(datalist, "testing", num_classes=data["num_classes"]), 8, False),
+                      task="segmentation", num_classes=data["num_classes"], metrics=["dice"], predict=predictor)
+    assert result["mean"]["dice"] == pytest.approx(direct["mean"]["dice"]), (result["mean"], direct["mean"])
+    assert [c["dice"] for c in result["per_case"]] == pytest.approx([c["dice"] for c in direct["per_case"]])
     return result
 
 
@@ -231,8 +239,8 @@ def test_fedavg_through_the_admin_api(fed, jobs, sess, tmp_path):
 
     ws = _download(fed, sess, job_id)
     for name in ("FL_global_model.pt", "best_FL_global_model.pt"):
-        model, desc = load_model(ws / "app_server" / name)
-        assert desc["preset"] == PRESET
+        result = load_result(ws / "app_server" / name)
+        assert result.kind == "model" and result.description["preset"] == PRESET
     scalars = read_scalars(ws / "tb_events")
     assert set(scalars) == set(fed.sites), scalars.keys()
     for site, tags in scalars.items():

@@ -10,9 +10,10 @@ from medflare.fedsm.extra import extra_labels, per_case_losses
 from medflare.fedsm.calibrate import add_noise, feature_stats, fit_head, fold_standardisation, head_of, selector_features, set_head
 from medflare.fedsm.routing import GLOBAL, SuperModelPredictor, route, selection_frequency
 from medflare.fedsm.selector import StyleSelector, build_selector
-from medflare.fedsm.softpull import softpull, weighted_mean
+from medflare.common.aggregation import weighted_mean
+from medflare.fedsm.softpull import softpull
 from medflare.fedsm.supermodel import load_super_model, save_super_model
-from medflare.common.persistence import describe
+from medflare.common.results import describe
 from medflare.common.payload import state_to_numpy
 
 
@@ -192,22 +193,28 @@ def test_style_selector_shapes_and_builder():
 
 
 def test_super_model_file_roundtrip(tmp_path):
+    """Global and each personalised model have their own weights: a swap or reordering on save/load fails this."""
     from medflare.common.persistence import model_from_preset
 
-    net = state_to_numpy(model_from_preset("seg_synthetic_tiny"))
+    nets = {name: state_to_numpy(model_from_preset("seg_synthetic_tiny", seed=seed)) for name, seed in (("global", 0), ("site-1", 1), ("site-2", 2))}
     spec = {"name": "style_selector", "args": {"in_channels": 1, "num_classes": 2, "width": 4, "depth": 2}}
     sel = state_to_numpy(build_selector(spec))
     path = tmp_path / "sm.pt"
     save_super_model(
-        path, description=describe("seg_synthetic_tiny", kind="super_model"), sites=["site-1", "site-2"],
-        selector_spec=spec, global_class=False, global_params=net, person_params={"site-1": net, "site-2": net},
+        path, description=describe("seg_synthetic_tiny", kind="fedsm_super_model"), sites=["site-1", "site-2"],
+        selector_spec=spec, global_class=False, global_params=nets["global"],
+        person_params={"site-1": nets["site-1"], "site-2": nets["site-2"]},
         selector_params=sel, lam=0.7, round_num=3, metrics={"super_dice": 0.5},
     )
     assert torch.load(path, weights_only=True)["sites"] == ["site-1", "site-2"]
     sm = load_super_model(path)
     assert len(sm.person_models) == 2 and sm.info["round"] == 3 and sm.info["lambda"] == pytest.approx(0.7)
+    for net, name in ((sm.global_model, "global"), *zip(sm.person_models, ("site-1", "site-2"))):
+        loaded = state_to_numpy(net)
+        assert all(np.array_equal(loaded[k], nets[name][k]) for k in loaded), f"{name} came back with other weights"
+    assert all(np.array_equal(v, sel[k]) for k, v in state_to_numpy(sm.selector).items())
     out = sm.predictor(0.9)(torch.rand(2, 1, 32, 32))
     assert out.shape == (2, 3, 32, 32)
+    torch.save({"model": nets["global"], "train_conf": {"medflare": describe("seg_synthetic_tiny")}}, tmp_path / "plain.pt")
     with pytest.raises(MedflareError, match="not a FedSM super model"):
-        torch.save({"model": {}}, tmp_path / "plain.pt")
         load_super_model(tmp_path / "plain.pt")

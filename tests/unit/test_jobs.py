@@ -5,7 +5,7 @@ import json
 import pytest
 
 from medflare import MedflareError
-from medflare.common.jobconfig import components, customize_job
+from medflare.testing.jobconfig import components, customize_job
 from medflare.presets import PRESETS
 
 

@@ -19,7 +19,7 @@ from medflare.common.report import site_table
 from medflare.common.training import make_loader, make_loss, make_optimizer, pick_device, train_epochs
 from medflare.data import SiteData, load_site
 from medflare.metrics import evaluate
-from medflare.nets import build_model
+from medflare.nets import build_from_spec
 from medflare.presets import get_preset
 
 MODES = ("local", "central")
@@ -68,7 +68,7 @@ def run_standalone(
 
 def _new_model(cfg: Mapping, seed: int, dev: torch.device) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return build_model(cfg["model"]["name"], **cfg["model"].get("args", {})).to(dev)
+    return build_from_spec(cfg["model"]).to(dev)
 
 
 def _fit(model, train_set, val_sites: Mapping[str, SiteData], cfg, epochs, dev, seed, log, label) -> list[float]:

@@ -13,7 +13,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from medflare import MedflareError
+from medflare import PayloadError, MedflareError
 
 
 def state_to_numpy(model: torch.nn.Module) -> dict[str, np.ndarray]:
@@ -37,7 +37,7 @@ def load_numpy_state(model: torch.nn.Module, params: Mapping[str, np.ndarray], w
             for name, keys in (("missing keys", missing), ("unexpected keys", extra), ("shape mismatch", wrong))
             if keys
         )
-        raise MedflareError(
+        raise PayloadError(
             f"the model received from {who} does not match the local model ({detail}); "
             "the server's persistor and the clients' executor must use the same preset and model args"
         )
@@ -55,14 +55,14 @@ def check_finite(params: Mapping[str, np.ndarray], site: str) -> None:
     """Refuse to send a NaN/Inf update: it would poison the global model at every site."""
     bad = [k for k, v in params.items() if np.issubdtype(np.asarray(v).dtype, np.floating) and not np.isfinite(v).all()]
     if bad:
-        raise MedflareError(f"site '{site}': the local update has NaN/Inf values in {bad[:5]}; lower the learning rate")
+        raise PayloadError(f"site '{site}': the local update has NaN/Inf values in {bad[:5]}; lower the learning rate")
 
 
 def flatten(models: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """``{"global": {...}, "select": {...}}`` -> ``{"global.w": ..., "select.w": ...}`` for one DXO."""
     for prefix in models:
         if "." in prefix:
-            raise MedflareError(f"model prefix '{prefix}' must not contain '.'")
+            raise PayloadError(f"model prefix '{prefix}' must not contain '.'")
     return {f"{prefix}.{k}": v for prefix, params in models.items() for k, v in params.items()}
 
 
@@ -72,7 +72,7 @@ def unflatten(params: Mapping[str, np.ndarray]) -> dict[str, dict[str, np.ndarra
     for key, value in params.items():
         prefix, sep, rest = key.partition(".")
         if not sep:
-            raise MedflareError(f"payload key '{key}' has no model prefix (expected '<model>.<param>')")
+            raise PayloadError(f"payload key '{key}' has no model prefix (expected '<model>.<param>')")
         out.setdefault(prefix, {})[rest] = value
     return out
 

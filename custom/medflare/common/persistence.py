@@ -12,7 +12,8 @@ from typing import Any, Mapping
 import torch
 from nvflare.app_opt.pt.file_model_persistor import PTFileModelPersistor
 
-from medflare.nets import build_model
+from medflare.common.results import describe
+from medflare.nets import build_from_spec
 from medflare.presets import get_preset
 
 
@@ -20,13 +21,7 @@ def model_from_preset(preset: str, overrides: Mapping[str, Any] | None = None, s
     """The preset's network, initialised from ``seed`` (the server's initial global model)."""
     spec = get_preset(preset, overrides)["model"]
     torch.manual_seed(seed)
-    return build_model(spec["name"], **spec.get("args", {}))
-
-
-def describe(preset: str, overrides: Mapping[str, Any] | None = None, kind: str = "model") -> dict[str, Any]:
-    """What a checkpoint needs to say about itself to be rebuilt: kind, preset, overrides and model spec."""
-    cfg = get_preset(preset, overrides)
-    return {"kind": kind, "preset": preset, "overrides": dict(overrides or {}), "model": cfg["model"], "data": cfg["data"]}
+    return build_from_spec(spec)
 
 
 class PresetModelPersistor(PTFileModelPersistor):

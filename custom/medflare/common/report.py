@@ -40,3 +40,50 @@ def _nanmean(values) -> float:
 
 def _fmt(value) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.2f}"
+
+
+def metrics_table(table: Mapping[str, Any], counts: Mapping[str, int] | None = None) -> str:
+    """Every metric of a :func:`site_table` as markdown: one row per site (+ client average and global rows
+    when there are several sites), values x100 except distances (hd95, in the image's units) and VI (bits)."""
+    names = list(next(iter(table["sites"].values())).keys()) if table["sites"] else []
+    lines = ["| site | cases | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 2)]
+    rows = list(table["sites"].items())
+    if len(rows) > 1:
+        rows += [("client average", table["client_average"]), ("global", table["global"])]
+    for site, means in rows:
+        n = str((counts or {}).get(site, "")) if site in (counts or {}) else ""
+        lines.append(f"| {site} | {n} | " + " | ".join(_fmt_metric(k, means.get(k)) for k in names) + " |")
+    return "\n".join(lines)
+
+
+def _fmt_metric(name: str, value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.3f}" if name.startswith(("hd95", "vi")) else f"{100 * value:.2f}"
+
+
+def named_fractions_table(rows: Mapping[str, Mapping[str, float]], first: str = "site") -> str:
+    """``{row: {column: fraction}}`` as a markdown table of percentages (e.g. FedSM's selection frequencies)."""
+    cols = list(next(iter(rows.values())))
+    lines = [f"| {first} | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
+    lines += [f"| {row} | " + " | ".join(f"{100 * f.get(c, 0.0):.1f}" for c in cols) + " |" for row, f in rows.items()]
+    return "\n".join(lines)
+
+
+def confusion_matrix(per_case: list[Mapping[str, Any]], num_classes: int) -> list[list[int]]:
+    """Counts ``[true][predicted]`` from classification per-case rows (``label``, ``pred``)."""
+    matrix = [[0] * num_classes for _ in range(num_classes)]
+    for case in per_case:
+        matrix[int(case["label"])][int(case["pred"])] += 1
+    return matrix
+
+
+def confusion_table(matrix: list[list[int]]) -> str:
+    """A confusion matrix with per-class accuracy (recall) as markdown: rows true class, columns predicted."""
+    k = len(matrix)
+    lines = ["| true \\ predicted | " + " | ".join(map(str, range(k))) + " | cases | accuracy |", "|" + "---|" * (k + 3)]
+    for c, row in enumerate(matrix):
+        total = sum(row)
+        acc = f"{100 * row[c] / total:.1f}" if total else "-"
+        lines.append(f"| {c} | " + " | ".join(map(str, row)) + f" | {total} | {acc} |")
+    return "\n".join(lines)

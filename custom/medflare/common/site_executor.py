@@ -23,7 +23,7 @@ from medflare.common.tracking import SiteTracker
 from medflare.common.training import make_loader, pick_device
 from medflare.data import SiteData, load_site
 from medflare.metrics import evaluate, overlay_image
-from medflare.nets import build_model
+from medflare.nets import build_from_spec
 from medflare.presets import get_preset
 
 Handler = Callable[[Shareable, FLContext, Signal], Shareable]
@@ -96,8 +96,7 @@ class SiteExecutor(Executor):
 
     def new_model(self) -> torch.nn.Module:
         """A fresh network of the preset's architecture on this executor's device."""
-        spec = self.cfg["model"]
-        return build_model(spec["name"], **spec.get("args", {})).to(self.device)
+        return build_from_spec(self.cfg["model"]).to(self.device)
 
     # ---- task dispatch -----------------------------------------------------------------------
     def execute(self, task_name: str, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:

@@ -14,7 +14,7 @@ import torch
 from monai.losses import DiceCELoss, DiceLoss
 from torch.utils.data import DataLoader, Dataset
 
-from medflare import MedflareError
+from medflare import ConfigError, MedflareError
 
 LOSSES = ("dice", "dicece", "ce")
 OPTIMIZERS = ("adam", "sgd")
@@ -27,10 +27,10 @@ def make_loss(name: str, task: str) -> Callable[[torch.Tensor, torch.Tensor], to
     "dicece" adds cross-entropy, "ce" is cross-entropy alone.
     """
     if name not in LOSSES:
-        raise MedflareError(f"unknown loss '{name}' in train.loss (known: {list(LOSSES)})")
+        raise ConfigError(f"unknown loss '{name}' in train.loss (known: {list(LOSSES)})")
     if task == "classification":
         if name != "ce":
-            raise MedflareError(f"train.loss '{name}' is a segmentation loss; classification uses 'ce'")
+            raise ConfigError(f"train.loss '{name}' is a segmentation loss; classification uses 'ce'")
         return torch.nn.CrossEntropyLoss()
     if name == "dice":
         return DiceLoss(to_onehot_y=True, softmax=True)
@@ -46,7 +46,7 @@ def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float) -
         return torch.optim.Adam(params, lr=lr)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=5e-4)
-    raise MedflareError(f"unknown optimizer '{name}' in train.optimizer (known: {list(OPTIMIZERS)})")
+    raise ConfigError(f"unknown optimizer '{name}' in train.optimizer (known: {list(OPTIMIZERS)})")
 
 
 def make_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int = 0) -> DataLoader:

@@ -20,7 +20,7 @@ from monai.data.image_reader import PILReader
 from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, ScaleIntensityd, Transform
 from torch.utils.data import Dataset as TorchDataset
 
-from medflare import MedflareError
+from medflare import DataError, MedflareError
 
 SEG_SPLITS = ("training", "validation", "testing")
 NPZ_SPLITS = ("train", "val", "test")
@@ -35,7 +35,7 @@ _SPLIT_ALIASES = {
 def _split_keys(split: str) -> tuple[str, str]:
     """(datalist key, npz prefix) for ``split``; accepts both spellings (train/training, ...)."""
     if split not in _SPLIT_ALIASES:
-        raise MedflareError(f"unknown split '{split}' (known: {sorted(_SPLIT_ALIASES)})")
+        raise DataError(f"unknown split '{split}' (known: {sorted(_SPLIT_ALIASES)})")
     return _SPLIT_ALIASES[split]
 
 
@@ -79,18 +79,18 @@ class _SegItem(Transform):
         try:
             loaded = self.load({"image": img_file, "label": lbl_file})
         except Exception as exc:  # noqa: BLE001 - any reader failure is a bad file for the operator
-            raise MedflareError(f"cannot read image '{img_file}' or label '{lbl_file}': {exc.__cause__ or exc}") from exc
+            raise DataError(f"cannot read image '{img_file}' or label '{lbl_file}': {exc.__cause__ or exc}") from exc
         image = loaded["image"].as_tensor().float()
         label = loaded["label"].as_tensor()
         if image.ndim != 3 or label.shape[1:] != image.shape[1:] or label.shape[0] != 1:
-            raise MedflareError(
+            raise DataError(
                 f"image '{img_file}' has shape {tuple(image.shape)} but label '{lbl_file}' has shape "
                 f"{tuple(label.shape)}; expected a (C, H, W) image and a (1, H, W) label of the same H, W"
             )
         rounded = torch.round(label)
         lo, hi = float(label.min()), float(label.max())
         if not torch.equal(rounded, label) or lo < 0 or hi >= self.num_classes:
-            raise MedflareError(
+            raise DataError(
                 f"label '{lbl_file}' has values in [{lo:g}, {hi:g}], expected integers in [0, {self.num_classes})"
             )
         return {"image": image, "label": rounded.long(), "name": os.path.basename(img_file)}
@@ -123,21 +123,21 @@ def read_datalist(datalist: str | os.PathLike, split: str) -> list[dict[str, str
     try:
         content = json.loads(datalist.read_text())
     except OSError as exc:
-        raise MedflareError(f"cannot read datalist '{datalist}': {exc}") from exc
+        raise DataError(f"cannot read datalist '{datalist}': {exc}") from exc
     except json.JSONDecodeError as exc:
-        raise MedflareError(f"datalist '{datalist}' is not valid JSON: {exc}") from exc
+        raise DataError(f"datalist '{datalist}' is not valid JSON: {exc}") from exc
     if not isinstance(content, dict) or key not in content:
-        raise MedflareError(f"datalist '{datalist}' has no '{key}' key (a list of {{image, label}} entries)")
+        raise DataError(f"datalist '{datalist}' has no '{key}' key (a list of {{image, label}} entries)")
     if not content[key]:
-        raise MedflareError(f"datalist '{datalist}': split '{key}' is empty")
+        raise DataError(f"datalist '{datalist}': split '{key}' is empty")
     for i, entry in enumerate(content[key]):
         if not isinstance(entry, dict) or "image" not in entry or "label" not in entry:
-            raise MedflareError(f"datalist '{datalist}': entry {i} of '{key}' needs 'image' and 'label' keys")
+            raise DataError(f"datalist '{datalist}': entry {i} of '{key}' needs 'image' and 'label' keys")
     entries = load_decathlon_datalist(datalist, is_segmentation=True, data_list_key=key, base_dir=datalist.parent)
     for entry in entries:
         for field in ("image", "label"):
             if not os.path.isfile(entry[field]):
-                raise MedflareError(f"datalist '{datalist}': {field} file '{entry[field]}' does not exist")
+                raise DataError(f"datalist '{datalist}': {field} file '{entry[field]}' does not exist")
     return entries
 
 
@@ -180,18 +180,18 @@ def _images_to_nchw(images: np.ndarray, where: str) -> torch.Tensor:
     elif images.ndim == 4 and images.shape[-1] in (1, 3, 4):
         images = images.transpose(0, 3, 1, 2)
     elif not (images.ndim == 4 and images.shape[1] in (1, 3, 4)):
-        raise MedflareError(f"{where}: images of shape {images.shape}; expected (N, H, W) or (N, H, W, C) with C in 1, 3")
+        raise DataError(f"{where}: images of shape {images.shape}; expected (N, H, W) or (N, H, W, C) with C in 1, 3")
     if images.dtype == np.uint8:
         out = images.astype(np.float32) / 255.0
     elif np.issubdtype(images.dtype, np.number):
         out = images.astype(np.float32)
         lo, hi = float(out.min()), float(out.max())
         if not np.isfinite([lo, hi]).all():
-            raise MedflareError(f"{where}: images contain NaN or inf")
+            raise DataError(f"{where}: images contain NaN or inf")
         if lo < 0.0 or hi > 1.0:
             out = (out - lo) / max(hi - lo, 1e-8)
     else:
-        raise MedflareError(f"{where}: images have non-numeric dtype {images.dtype}")
+        raise DataError(f"{where}: images have non-numeric dtype {images.dtype}")
     return torch.from_numpy(np.ascontiguousarray(out))
 
 
@@ -208,24 +208,24 @@ def load_npz_split(npz: str | os.PathLike, split: str, *, num_classes: int | Non
             keys = set(data.files)
             for key in (f"{prefix}_images", f"{prefix}_labels"):
                 if key not in keys:
-                    raise MedflareError(f"npz '{npz}' has no key '{key}' (has: {sorted(keys)})")
+                    raise DataError(f"npz '{npz}' has no key '{key}' (has: {sorted(keys)})")
             images, labels = data[f"{prefix}_images"], data[f"{prefix}_labels"]
     except MedflareError:
         raise
     except Exception as exc:  # noqa: BLE001 - missing, truncated or non-npz file
-        raise MedflareError(f"cannot read npz '{npz}': {exc}") from exc
+        raise DataError(f"cannot read npz '{npz}': {exc}") from exc
     where = f"npz '{npz}' split '{prefix}'"
     if len(images) == 0:
-        raise MedflareError(f"{where} is empty")
+        raise DataError(f"{where} is empty")
     labels = np.asarray(labels)
     if labels.ndim == 2 and labels.shape[1] == 1:
         labels = labels[:, 0]
     if labels.ndim != 1 or len(labels) != len(images):
-        raise MedflareError(f"{where}: labels of shape {labels.shape} do not match {len(images)} images; expected (N,) or (N, 1)")
+        raise DataError(f"{where}: labels of shape {labels.shape} do not match {len(images)} images; expected (N,) or (N, 1)")
     if not np.issubdtype(labels.dtype, np.integer) and not np.array_equal(labels, np.round(labels)):
-        raise MedflareError(f"{where}: labels are not integers")
+        raise DataError(f"{where}: labels are not integers")
     labels = labels.astype(np.int64)
     upper = num_classes if num_classes is not None else np.iinfo(np.int64).max
     if labels.min() < 0 or labels.max() >= upper:
-        raise MedflareError(f"{where}: labels in [{labels.min()}, {labels.max()}], expected [0, {num_classes})")
+        raise DataError(f"{where}: labels in [{labels.min()}, {labels.max()}], expected [0, {num_classes})")
     return NpzDataset(_images_to_nchw(np.asarray(images), where), torch.from_numpy(labels), prefix)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from medflare import MedflareError
+from medflare import ConfigError
 
 
 def dirichlet_label_skew(
@@ -27,15 +27,15 @@ def dirichlet_label_skew(
     """
     labels = np.asarray(labels).reshape(len(labels), -1)
     if labels.shape[1] != 1:
-        raise MedflareError(f"dirichlet_label_skew: labels must have shape (N,) or (N, 1), got {labels.shape}")
+        raise ConfigError(f"dirichlet_label_skew: labels must have shape (N,) or (N, 1), got {labels.shape}")
     labels = labels[:, 0].astype(np.int64)
     if num_sites < 1:
-        raise MedflareError(f"dirichlet_label_skew: num_sites must be >= 1, got {num_sites}")
+        raise ConfigError(f"dirichlet_label_skew: num_sites must be >= 1, got {num_sites}")
     if not beta > 0:
-        raise MedflareError(f"dirichlet_label_skew: beta must be > 0, got {beta}")
+        raise ConfigError(f"dirichlet_label_skew: beta must be > 0, got {beta}")
     n = len(labels)
     if n < num_sites * min_per_site:
-        raise MedflareError(
+        raise ConfigError(
             f"dirichlet_label_skew: {n} samples cannot give {num_sites} sites at least {min_per_site} each"
         )
     rng = np.random.default_rng(seed)

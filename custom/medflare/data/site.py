@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import torch
 
-from medflare import MedflareError
+from medflare import ConfigError, DataError, MedflareError
 from medflare.data.loaders import NPZ_SPLITS, SEG_SPLITS, load_npz_split, load_seg_split
 from medflare.data.synthetic_cls import make_cls_sites
 from medflare.data.synthetic_seg import make_seg_site
@@ -57,28 +57,28 @@ class SiteData:
 def _task(data_cfg: Mapping) -> str:
     kind = data_cfg.get("kind")
     if kind not in KINDS:
-        raise MedflareError(f"unknown data kind '{kind}' in config key 'data.kind' (known: {sorted(KINDS)})")
+        raise ConfigError(f"unknown data kind '{kind}' in config key 'data.kind' (known: {sorted(KINDS)})")
     return KINDS[kind]
 
 
 def _check_suffix(path: pathlib.Path, task: str, site: str, where: str) -> pathlib.Path:
     if path.suffix != _SUFFIX[task]:
-        raise MedflareError(f"site '{site}': {where} gives '{path}', but {task} data must be a {_SUFFIX[task]} file")
+        raise DataError(f"site '{site}': {where} gives '{path}', but {task} data must be a {_SUFFIX[task]} file")
     if not path.is_file():
-        raise MedflareError(f"site '{site}': {where} gives '{path}', which does not exist")
+        raise DataError(f"site '{site}': {where} gives '{path}', which does not exist")
     return path
 
 
 def _from_data_dir(folder: pathlib.Path, site: str, task: str, where: str) -> pathlib.Path:
     """``<folder>/<site>.json|.npz`` for the task, or an error naming the folder and the site."""
     if not folder.is_dir():
-        raise MedflareError(f"site '{site}': {where} = '{folder}' is not a folder")
+        raise DataError(f"site '{site}': {where} = '{folder}' is not a folder")
     wanted = folder / f"{site}{_SUFFIX[task]}"
     if wanted.is_file():
         return wanted
     other = [p.name for p in (folder / f"{site}{s}" for s in _SUFFIX.values()) if p.is_file()]
     hint = f" (it has {other[0]}, which is not {task} data)" if other else ""
-    raise MedflareError(f"site '{site}': {where} = '{folder}' holds no {wanted.name}{hint}")
+    raise DataError(f"site '{site}': {where} = '{folder}' holds no {wanted.name}{hint}")
 
 
 def _from_local_config(config: pathlib.Path, site: str, task: str) -> pathlib.Path:
@@ -86,10 +86,10 @@ def _from_local_config(config: pathlib.Path, site: str, task: str) -> pathlib.Pa
     try:
         content = json.loads(config.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise MedflareError(f"site '{site}': cannot read '{config}' as JSON: {exc}") from exc
+        raise DataError(f"site '{site}': cannot read '{config}' as JSON: {exc}") from exc
     keys = sorted(set(content) & {"datalist", "npz", "data_dir"}) if isinstance(content, dict) else []
     if len(keys) != 1 or len(content) != 1:
-        raise MedflareError(
+        raise DataError(
             f"site '{site}': '{config}' must hold exactly one of the keys 'datalist', 'npz', 'data_dir'; got {content!r}"
         )
     key = keys[0]
@@ -100,7 +100,7 @@ def _from_local_config(config: pathlib.Path, site: str, task: str) -> pathlib.Pa
         return _from_data_dir(path, site, task, where)
     expected = _CONFIG_KEY[task]
     if key != expected:
-        raise MedflareError(f"site '{site}': {where} names {key} data, but the job needs {task} ('{expected}')")
+        raise DataError(f"site '{site}': {where} names {key} data, but the job needs {task} ('{expected}')")
     return _check_suffix(path, task, site, where)
 
 
@@ -131,7 +131,7 @@ def _synthetic_source(site: str, data_cfg: Mapping) -> pathlib.Path:
     ensure_generated(folder, "site-1.npz", lambda tmp: make_cls_sites(tmp, **params))
     path = folder / f"{site}.npz"
     if not path.is_file():
-        raise MedflareError(
+        raise DataError(
             f"site '{site}': synthetic_cls data has sites site-1..site-{params['num_sites']} "
             f"(config key 'data.num_sites'); name the FLARE sites so, or set {DATA_ENV}"
         )
@@ -151,7 +151,7 @@ def resolve_site_source(site: str, data_cfg: Mapping, local_dir: str | os.PathLi
         return _from_local_config(pathlib.Path(local_dir) / LOCAL_CONFIG, site, task)
     if data_cfg["kind"].startswith("synthetic_"):
         return _synthetic_source(site, data_cfg)
-    raise MedflareError(
+    raise DataError(
         f"site '{site}': data kind '{data_cfg['kind']}' needs the site's own data; set ${DATA_ENV} to a folder "
         f"holding {site}{_SUFFIX[task]}, or write <local>/{LOCAL_CONFIG} "
         f"(e.g. {{\"{_CONFIG_KEY[task]}\": \"/path/to/{site}{_SUFFIX[task]}\"}})"
@@ -170,7 +170,7 @@ def load_site(
     try:
         if task == "segmentation":
             if "num_classes" not in data_cfg and data_cfg["kind"] == "datalist":
-                raise MedflareError("config key 'data.num_classes' is required for kind 'datalist'")
+                raise ConfigError("config key 'data.num_classes' is required for kind 'datalist'")
             num_classes = int(data_cfg.get("num_classes", 3))
             splits = [load_seg_split(source, s, num_classes=num_classes, cache=cache) for s in SEG_SPLITS]
             in_channels = int(splits[0][0]["image"].shape[0])
@@ -182,9 +182,10 @@ def load_site(
             in_channels = int(splits[0].images.shape[1])
         expected = data_cfg.get("channels")
         if expected is not None and int(expected) != in_channels:
-            raise MedflareError(f"'{source}' has {in_channels}-channel images but config key 'data.channels' is {expected}")
+            raise DataError(f"'{source}' has {in_channels}-channel images but config key 'data.channels' is {expected}")
     except MedflareError as exc:
-        if f"'{site}'" in str(exc):
+        named = exc.for_site(site)
+        if named is exc:
             raise
-        raise MedflareError(f"site '{site}': {exc}") from exc
+        raise named from exc
     return SiteData(site, task, source, *splits, num_classes=int(num_classes), in_channels=in_channels)

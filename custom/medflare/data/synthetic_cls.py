@@ -17,7 +17,7 @@ import pathlib
 
 import numpy as np
 
-from medflare import MedflareError
+from medflare import DataError
 from medflare.data.partition import dirichlet_label_skew
 from medflare.data.util import stable_seed
 
@@ -69,7 +69,7 @@ def _pattern(cls: int, rng: np.random.Generator, size: int) -> np.ndarray:
     if cls == 9:
         cells = rng.uniform(0.35, 0.5)
         return window * (0.5 + 0.5 * np.sign(np.sin(np.pi * u / cells) * np.sin(np.pi * v / cells)))
-    raise MedflareError(f"synthetic_cls: class {cls} outside 0..{len(CLASS_NAMES) - 1}")
+    raise DataError(f"synthetic_cls: class {cls} outside 0..{len(CLASS_NAMES) - 1}")
 
 
 def render_image(cls: int, rng: np.random.Generator, size: int) -> np.ndarray:
@@ -110,11 +110,11 @@ def make_cls_sites(
     Deterministic in all arguments. Returns {site name: npz path}.
     """
     if not 2 <= num_classes <= len(CLASS_NAMES):
-        raise MedflareError(f"synthetic_cls: num_classes must be in 2..{len(CLASS_NAMES)}, got {num_classes}")
+        raise DataError(f"synthetic_cls: num_classes must be in 2..{len(CLASS_NAMES)}, got {num_classes}")
     if channels not in (1, 3):
-        raise MedflareError(f"synthetic_cls: channels must be 1 or 3, got {channels}")
+        raise DataError(f"synthetic_cls: channels must be 1 or 3, got {channels}")
     if image_size < 16:
-        raise MedflareError(f"synthetic_cls: image_size must be >= 16, got {image_size}")
+        raise DataError(f"synthetic_cls: image_size must be >= 16, got {image_size}")
     min_per_site = 10
     n = max(int(round(POOL_SIZE * scale)), num_sites * min_per_site)
     rng = np.random.default_rng(stable_seed("cls-pool", seed, image_size, num_classes, n))

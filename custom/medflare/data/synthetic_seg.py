@@ -35,7 +35,7 @@ import numpy as np
 from scipy import ndimage
 from skimage.draw import line as draw_line
 
-from medflare import MedflareError
+from medflare import DataError
 from medflare.data.util import stable_seed
 
 #: The fixed style table for ``site-1`` .. ``site-6`` (see the module docstring).
@@ -182,11 +182,11 @@ def make_seg_site(
     identical arrays. Images are 2D (H, W) float32 NIfTI (loaded back as (1, H, W)); labels uint8.
     """
     if num_classes not in (2, 3):
-        raise MedflareError(f"synthetic_seg: num_classes must be 2 (disc) or 3 (rim + cup), got {num_classes}")
+        raise DataError(f"synthetic_seg: num_classes must be 2 (disc) or 3 (rim + cup), got {num_classes}")
     if image_size < 16:
-        raise MedflareError(f"synthetic_seg: image_size must be >= 16, got {image_size}")
+        raise DataError(f"synthetic_seg: image_size must be >= 16, got {image_size}")
     if scale <= 0:
-        raise MedflareError(f"synthetic_seg: scale must be > 0, got {scale}")
+        raise DataError(f"synthetic_seg: scale must be > 0, got {scale}")
     out_dir = pathlib.Path(out_dir)
     style = segmentation_style(site, seed)
     n_cases = max(8, int(round(style["n_cases"] * scale)))

@@ -14,7 +14,7 @@ import tempfile
 import uuid
 from typing import Callable
 
-from medflare import MedflareError
+from medflare import DataError
 
 CACHE_ENV = "MEDFLARE_CACHE"
 DATA_ENV = "MEDFLARE_DATA"
@@ -55,7 +55,7 @@ def ensure_generated(final_dir: pathlib.Path, marker: str, generate: Callable[[p
             os.rename(tmp_dir, final_dir)
         except OSError:
             if not (final_dir / marker).exists():  # not a lost race: a stale or foreign folder is in the way
-                raise MedflareError(f"cache folder {final_dir} exists but holds no {marker}; delete it and rerun")
+                raise DataError(f"cache folder {final_dir} exists but holds no {marker}; delete it and rerun")
     finally:
         if tmp_dir.exists():
             shutil.rmtree(tmp_dir, ignore_errors=True)

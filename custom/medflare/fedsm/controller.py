@@ -23,10 +23,12 @@ from nvflare.app_common.workflows.model_controller import ModelController
 
 from medflare import MedflareError
 from medflare.common.payload import flatten, nbytes, state_to_numpy, unflatten
-from medflare.common.persistence import describe, model_from_preset
+from medflare.common.persistence import model_from_preset
+from medflare.common.results import describe
 from medflare.fedsm import protocol as P
 from medflare.fedsm.calibrate import fit_head, head_of, set_head
-from medflare.fedsm.softpull import check_lambda, softpull, weighted_mean
+from medflare.common.aggregation import weighted_mean
+from medflare.fedsm.softpull import check_lambda, softpull
 from medflare.fedsm.supermodel import BEST_SUPER_MODEL_FILE, SUPER_MODEL_FILE, save_super_model
 from medflare.fedsm.selector import build_selector
 from medflare.presets import get_preset
@@ -115,7 +117,7 @@ class FedSMController(ModelController):
         head_of(self.selector)  # a selector without a Linear head on features() fails here, not after round 1
         self.select = state_to_numpy(self.selector)
         self.stats: dict[str, dict] = {}  # site -> its own-label feature statistics (sent once)
-        self.description = describe(self.preset, self.overrides, kind="super_model")
+        self.description = describe(self.preset, self.overrides, kind="fedsm_super_model")
         self.best = -np.inf
 
     def _payload(self, site: str, phase: str) -> dict[str, np.ndarray]:

@@ -41,6 +41,7 @@ class SuperModelPredictor:
         selector: the model selector; K outputs (FedSM) or K + 1 with ``global_class`` (FedSM-extra).
         gamma: confidence threshold of Algorithm 2 (evaluation only). Default 0.9, the reference's.
         global_class: the selector's column 0 is the global model (FedSM-extra). Default False.
+        sites: names of the personalised models' sites, for :meth:`report`. Default model_0..model_{K-1}.
 
     ``choices`` collects the routing of every case seen since the last :meth:`reset` (GLOBAL or site index).
     """
@@ -52,6 +53,7 @@ class SuperModelPredictor:
         selector: torch.nn.Module,
         gamma: float = 0.9,
         global_class: bool = False,
+        sites: Sequence[str] = (),
     ):
         if not person_models:
             raise MedflareError("SuperModelPredictor: 'person_models' is empty")
@@ -60,10 +62,15 @@ class SuperModelPredictor:
         self.selector = selector
         self.gamma = float(gamma)
         self.global_class = bool(global_class)
+        self.sites = list(sites) or [f"model_{i}" for i in range(len(self.person_models))]
         self.choices: list[int] = []
 
     def reset(self) -> None:
         self.choices = []
+
+    def report(self) -> dict[str, float]:
+        """Fraction of the cases seen since :meth:`reset` routed to each model (paper Table 5 layout)."""
+        return selection_frequency(self.choices, self.sites)
 
     def models(self) -> list[torch.nn.Module]:
         return [self.global_model, *self.person_models, self.selector]

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from medflare import MedflareError
+from medflare import ConfigError
 from medflare.nets import build_model
 
 
@@ -38,7 +38,7 @@ class StyleSelector(nn.Module):
         super().__init__()
         for key, value in (("in_channels", in_channels), ("num_classes", num_classes), ("width", width), ("depth", depth)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise MedflareError(f"style_selector: '{key}' must be a positive int, got {value!r}")
+                raise ConfigError(f"style_selector: '{key}' must be a positive int, got {value!r}")
         layers: list[nn.Module] = []
         channels = in_channels
         for d in range(depth):

@@ -4,7 +4,7 @@ Written by the server (``FedSM_super_model.pt`` last, ``best_FedSM_super_model.p
 mean validation super-model Dice) as a plain dict of tensors, strings and numbers, so a downloaded file
 loads with ``torch.load(weights_only=True)`` and runs no code. Layout::
 
-    {"train_conf": {"medflare": describe(preset, overrides, kind="super_model")},
+    {"train_conf": {"medflare": describe(preset, overrides, kind="fedsm_super_model")},
      "sites": [site names in selector-index order], "selector": {"name", "args"}, "global_class": bool,
      "global": state_dict, "person": {site: state_dict}, "select": state_dict,
      "lambda": float, "gamma": float (the job's, default of ``medflare evaluate``), "round": int,
@@ -14,18 +14,16 @@ loads with ``torch.load(weights_only=True)`` and runs no code. Layout::
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from medflare import MedflareError
-from medflare.common.checkpoint import describe_checkpoint, read_checkpoint
-from medflare.common.payload import load_numpy_state
+from medflare import ConfigError, ResultFileError
+from medflare.common.results import Result, description_of, load_result, network_from
 from medflare.fedsm.routing import SuperModelPredictor
 from medflare.fedsm.selector import build_selector
-from medflare.nets import build_model
 
 SUPER_MODEL_FILE = "FedSM_super_model.pt"
 BEST_SUPER_MODEL_FILE = "best_FedSM_super_model.pt"
@@ -69,63 +67,64 @@ def save_super_model(
     os.replace(tmp, path)
 
 
-@dataclass
-class SuperModel:
-    """A loaded super model: networks in eval mode, the site-index map and the file's description."""
+class SuperModel(Result):
+    """A loaded super model: global, personalised (site-index order) and selector networks, the site map."""
 
-    global_model: torch.nn.Module
-    person_models: list[torch.nn.Module]
-    selector: torch.nn.Module
-    sites: list[str]
-    global_class: bool
-    description: dict[str, Any]
-    info: dict[str, Any]
+    def __init__(self, path, description, networks, sites: Sequence[str], global_class: bool, info: Mapping[str, Any]):
+        super().__init__(path, description, networks, info)
+        self.sites = list(sites)
+        self.global_class = bool(global_class)
+
+    @property
+    def global_model(self) -> torch.nn.Module:
+        return self.networks["global"]
+
+    @property
+    def person_models(self) -> list[torch.nn.Module]:
+        return [self.networks[f"person_{i}"] for i in range(len(self.sites))]
+
+    @property
+    def selector(self) -> torch.nn.Module:
+        return self.networks["select"]
 
     def predictor(self, gamma: float) -> SuperModelPredictor:
         """Algorithm 2 at threshold ``gamma`` as an ``images -> logits`` callable that records its choices."""
-        return SuperModelPredictor(self.global_model, self.person_models, self.selector, gamma, self.global_class)
+        return SuperModelPredictor(self.global_model, self.person_models, self.selector, gamma, self.global_class, self.sites)
 
-    def to(self, device) -> "SuperModel":
-        for m in (self.global_model, *self.person_models, self.selector):
-            m.to(device)
-        return self
+    def predictors(self, options: Mapping[str, Any]) -> list[tuple[str, SuperModelPredictor]]:
+        """One predictor per gamma of ``options["gamma"]`` (a list), default the job's gamma."""
+        gammas = options.get("gamma") or [self.info.get("gamma", 0.9)]
+        for g in gammas:
+            if not 0 <= g <= 1:
+                raise ConfigError(f"gamma values must lie in [0, 1], got {list(gammas)}")
+        return [(f"super model, gamma {g}", self.predictor(g)) for g in gammas]
 
-
-def _build(spec: Mapping[str, Any], state: Mapping[str, torch.Tensor], what: str, selector: bool = False) -> torch.nn.Module:
-    model = build_selector(spec) if selector else build_model(spec["name"], **spec.get("args", {}))
-    load_numpy_state(model, state, who=what)
-    return model.eval()
-
-
-def is_super_model(data: Mapping[str, Any]) -> bool:
-    """Whether a checkpoint dict read by :func:`read_checkpoint` is a FedSM super model."""
-    return ((data.get("train_conf") or {}).get("medflare") or {}).get("kind") == "super_model"
+    def parts(self) -> dict[str, str]:
+        names = {"global": "global", "select": "selector", **{f"person_{i}": f"personalised ({s})" for i, s in enumerate(self.sites)}}
+        return {names[k]: v for k, v in super().parts().items()}
 
 
 def load_super_model(path: str | os.PathLike) -> SuperModel:
     """Rebuild every network of a saved super model; MedflareError names the file and what is wrong."""
-    return super_model_from_checkpoint(read_checkpoint(path), path)
+    result = load_result(path)
+    if not isinstance(result, SuperModel):
+        raise ResultFileError(f"result file '{path}' holds kind '{result.kind}', not a FedSM super model")
+    return result
 
 
-def super_model_from_checkpoint(data: Mapping[str, Any], path: str | os.PathLike) -> SuperModel:
-    """:func:`load_super_model` on a dict already read by :func:`read_checkpoint` (``path`` names it in errors)."""
-    if not is_super_model(data):
-        raise MedflareError(f"model file '{path}' is not a FedSM super model (no 'super_model' description)")
-    desc = describe_checkpoint(data, str(path))
+def super_model_from_checkpoint(data: Mapping[str, Any], path: Path) -> SuperModel:
+    """The registry's loader for kind ``fedsm_super_model`` (``data`` read by :func:`read_checkpoint`)."""
+    desc = description_of(data)
     missing = [k for k in ("sites", "selector", "global", "person", "select") if k not in data]
     if missing:
-        raise MedflareError(f"super model file '{path}' lacks {missing}")
+        raise ResultFileError(f"super model file '{path}' lacks {missing}")
     sites = list(data["sites"])
     absent = [s for s in sites if s not in data["person"]]
     if absent:
-        raise MedflareError(f"super model file '{path}' has no personalised model for {absent}")
+        raise ResultFileError(f"super model file '{path}' has no personalised model for {absent}")
     spec = desc["model"]
-    return SuperModel(
-        global_model=_build(spec, data["global"], f"file '{path}' (global)"),
-        person_models=[_build(spec, data["person"][s], f"file '{path}' (person {s})") for s in sites],
-        selector=_build(data["selector"], data["select"], f"file '{path}' (selector)", selector=True),
-        sites=sites,
-        global_class=bool(data.get("global_class", False)),
-        description=desc,
-        info={"lambda": data.get("lambda"), "gamma": data.get("gamma"), "round": data.get("round"), "metrics": data.get("metrics", {})},
-    )
+    networks = {"global": network_from(spec, data["global"], f"file '{path}' (global)")}
+    networks.update({f"person_{i}": network_from(spec, data["person"][s], f"file '{path}' (person {s})") for i, s in enumerate(sites)})
+    networks["select"] = network_from(data["selector"], data["select"], f"file '{path}' (selector)", build=build_selector)
+    info = {"lambda": data.get("lambda"), "gamma": data.get("gamma"), "round": data.get("round"), "metrics": data.get("metrics", {})}
+    return SuperModel(path, desc, networks, sites, bool(data.get("global_class", False)), info)

@@ -172,7 +172,7 @@ def evaluate(
                     label = label.reshape(-1).long().cpu()
                     if pred.shape != label.shape:
                         raise MedflareError(f"evaluate: 'label' has {label.numel()} entries but the batch has {pred.numel()} predictions")
-                    rows = [{"accuracy": float(p == t)} for p, t in zip(pred.tolist(), label.tolist())]
+                    rows = [{"accuracy": float(p == t), "label": t, "pred": p} for p, t in zip(pred.tolist(), label.tolist())]
                 for name, row in zip(_case_names(batch, len(rows), len(per_case)), rows):
                     per_case.append({"name": name, **row})
     finally:

@@ -1,11 +1,12 @@
 """Model builders: MONAI networks first, plus the small classifiers the papers' references use.
 
-``build_model(name, **args)`` is the one entry point a preset or job config uses; the classes are
+``build_from_spec({"name", "args"})`` (a preset's or a saved result's ``model`` entry) and
+``build_model(name, **args)`` are the one entry point; the classes are
 exported for code that needs ``.features()`` / ``.classifier`` (FedVCK, FedIOD, FedSM selector).
 """
 
 from medflare.nets.convnet import ConvNet
-from medflare.nets.factory import MODEL_NAMES, build_model, build_unet, count_parameters
+from medflare.nets.factory import MODEL_NAMES, build_from_spec, build_model, build_unet, count_parameters
 from medflare.nets.resnet import BasicBlock, ResNet8, ResNet18
 from medflare.nets.vgg import VGG11Selector
 
@@ -16,6 +17,7 @@ __all__ = [
     "ResNet8",
     "ResNet18",
     "VGG11Selector",
+    "build_from_spec",
     "build_model",
     "build_unet",
     "count_parameters",

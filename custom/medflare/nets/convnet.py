@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from medflare import MedflareError
+from medflare import ConfigError
 from medflare.nets._checks import check_positive_int
 
 __all__ = ["ConvNet"]
@@ -45,12 +45,12 @@ class ConvNet(nn.Module):
         for key, value in (("in_channels", in_channels), ("num_classes", num_classes), ("width", width), ("depth", depth)):
             check_positive_int("convnet", key, value)
         if not isinstance(first_padding, int) or first_padding < 0:
-            raise MedflareError(f"convnet: 'first_padding' must be a non-negative int, got {first_padding!r}")
+            raise ConfigError(f"convnet: 'first_padding' must be a non-negative int, got {first_padding!r}")
         size = image_size + 2 * first_padding - 2 if isinstance(image_size, int) else -1
         for _ in range(depth):
             size //= 2
         if not isinstance(image_size, int) or size < 1:
-            raise MedflareError(
+            raise ConfigError(
                 f"convnet: 'image_size'={image_size!r} is too small for depth={depth} (feature map would be < 1x1)"
             )
         layers: list[nn.Module] = []

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from torch import nn
 
-from medflare import MedflareError
+from medflare import ConfigError, MedflareError
 from medflare.nets._checks import check_dropout, check_positive_int
 from medflare.nets.convnet import ConvNet
 from medflare.nets.resnet import ResNet8, ResNet18
 from medflare.nets.vgg import VGG11Selector
 
-__all__ = ["MODEL_NAMES", "build_model", "count_parameters", "build_unet"]
+__all__ = ["MODEL_NAMES", "build_from_spec", "build_model", "count_parameters", "build_unet"]
 
 
 def build_unet(
@@ -44,17 +44,17 @@ def build_unet(
     for key, value in (("in_channels", in_channels), ("out_channels", out_channels)):
         check_positive_int("unet", key, value)
     if not isinstance(channels, Sequence) or len(channels) < 2 or not all(isinstance(c, int) and c > 0 for c in channels):
-        raise MedflareError(f"unet: 'channels' must be a list of >= 2 positive ints, got {channels!r}")
+        raise ConfigError(f"unet: 'channels' must be a list of >= 2 positive ints, got {channels!r}")
     if not isinstance(strides, Sequence) or len(strides) != len(channels) - 1 or not all(
         isinstance(s, int) and s > 0 for s in strides
     ):
-        raise MedflareError(
+        raise ConfigError(
             f"unet: 'strides' must be a list of len(channels) - 1 = {len(channels) - 1} positive ints, got {strides!r}"
         )
     if not isinstance(num_res_units, int) or num_res_units < 0:
-        raise MedflareError(f"unet: 'num_res_units' must be a non-negative int, got {num_res_units!r}")
+        raise ConfigError(f"unet: 'num_res_units' must be a non-negative int, got {num_res_units!r}")
     if spatial_dims not in (2, 3):
-        raise MedflareError(f"unet: 'spatial_dims' must be 2 or 3, got {spatial_dims!r}")
+        raise ConfigError(f"unet: 'spatial_dims' must be 2 or 3, got {spatial_dims!r}")
     check_dropout("unet", dropout)
     try:
         return UNet(
@@ -68,7 +68,7 @@ def build_unet(
             dropout=dropout,
         )
     except (KeyError, ValueError, TypeError) as e:
-        raise MedflareError(f"unet: bad 'norm'={norm!r}: {e}") from e
+        raise ConfigError(f"unet: bad 'norm'={norm!r}: {e}") from e
 
 
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {
@@ -90,16 +90,23 @@ def build_model(name: str, **args: Any) -> nn.Module:
     job config fails with a readable message at start-up rather than deep in torch.
     """
     if name not in _BUILDERS:
-        raise MedflareError(f"unknown model name '{name}' (known: {list(MODEL_NAMES)})")
+        raise ConfigError(f"unknown model name '{name}' (known: {list(MODEL_NAMES)})")
     builder = _BUILDERS[name]
     params = inspect.signature(builder).parameters
     unknown = sorted(set(args) - set(params))
     if unknown:
-        raise MedflareError(f"model '{name}': unknown argument(s) {unknown} (accepted: {list(params)})")
+        raise ConfigError(f"model '{name}': unknown argument(s) {unknown} (accepted: {list(params)})")
     missing = [k for k, p in params.items() if p.default is inspect.Parameter.empty and k not in args]
     if missing:
-        raise MedflareError(f"model '{name}': missing required argument(s) {missing}")
+        raise ConfigError(f"model '{name}': missing required argument(s) {missing}")
     return builder(**args)
+
+
+def build_from_spec(spec: Mapping[str, Any]) -> nn.Module:
+    """Build the network a preset or a saved result describes: ``{"name": ..., "args": {...}}``."""
+    if not isinstance(spec, Mapping) or "name" not in spec:
+        raise ConfigError(f"a model spec must be a dict with 'name' (and 'args'), got {spec!r}")
+    return build_model(spec["name"], **dict(spec.get("args") or {}))
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:

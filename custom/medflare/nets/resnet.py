@@ -8,7 +8,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from medflare import MedflareError
+from medflare import ConfigError
 from medflare.nets._checks import check_bool, check_positive_int as _check_positive
 
 __all__ = ["BasicBlock", "ResNet8", "ResNet18"]
@@ -62,7 +62,7 @@ class ResNet8(nn.Module):
         _check_positive("resnet8", "in_channels", in_channels)
         _check_positive("resnet8", "num_classes", num_classes)
         if not isinstance(widths, Sequence) or isinstance(widths, str) or len(widths) != 3:
-            raise MedflareError(f"resnet8: 'widths' must be a list of 3 positive ints, got {widths!r}")
+            raise ConfigError(f"resnet8: 'widths' must be a list of 3 positive ints, got {widths!r}")
         for w in widths:
             _check_positive("resnet8", "widths", w)
         widths = [int(w) for w in widths]

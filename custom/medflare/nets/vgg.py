@@ -6,7 +6,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from medflare import MedflareError
+from medflare import ConfigError
 from medflare.nets._checks import check_bool, check_dropout, check_positive_int
 
 __all__ = ["VGG11_CFG", "SafeMaxPool2d", "VGG11Selector"]
@@ -61,7 +61,7 @@ class VGG11Selector(nn.Module):
         for key, value in (("in_channels", in_channels), ("num_classes", num_classes), ("head_width", head_width)):
             check_positive_int("vgg11_selector", key, value)
         if not isinstance(width, (int, float)) or isinstance(width, bool) or not 0 < width <= 4:
-            raise MedflareError(f"vgg11_selector: 'width' must be a number in (0, 4], got {width!r}")
+            raise ConfigError(f"vgg11_selector: 'width' must be a number in (0, 4], got {width!r}")
         check_bool("vgg11_selector", "batch_norm", batch_norm)
         check_dropout("vgg11_selector", dropout)
         layers: list[nn.Module] = []

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from medflare import MedflareError
+from medflare import ConfigError
 
 
 def components(config: dict) -> Iterable[dict]:
@@ -45,7 +45,7 @@ def customize_job(
     """
     src, dst = Path(src), Path(dst)
     if not (src / "meta.json").is_file():
-        raise MedflareError(f"'{src}' is not a FLARE job folder (no meta.json)")
+        raise ConfigError(f"'{src}' is not a FLARE job folder (no meta.json)")
     if dst.exists():
         shutil.rmtree(dst)
     shutil.copytree(src, dst)

@@ -1,0 +1,247 @@
+"""Saved results that describe themselves, and the one registry that turns a file back into something to run.
+
+Every file a medflare job saves is a ``torch.save`` of a plain dict (tensors, numbers, strings, lists) whose
+``train_conf["medflare"]`` entry says what it is (FLARE's PT persistor already writes ``train_conf``, so
+its ``FL_global_model.pt`` carries the entry as well)::
+
+    {"kind": "model", "version": 1, "preset": "seg_synthetic", "overrides": {...},
+     "model": {"name", "args"}, "data": {...}, ...kind-specific keys}
+
+A *kind* maps that entry to a loader and to what the ``medflare`` command can do with the result:
+predict a batch (``evaluate``, ``predict``), ``sample`` (generators), list its ``parts``. The generic
+single-network kind ``model`` lives here; each algorithm registers its own kinds in its sub-package's
+``results`` module (``medflare/<algo>/results.py``), found by :func:`kinds` at first use, so neither this
+module nor the CLI names an algorithm.
+
+Files load with ``torch.load(weights_only=True)``: no code from a downloaded file runs. The numpy types a
+checkpoint may hold (FLARE's SCAFFOLD keeps its controls as numpy arrays) are allowed by name after
+:func:`torch.serialization.get_unsafe_globals_in_checkpoint` lists them, nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import pkgutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from medflare import ConfigError, MedflareError, ResultFileError
+from medflare.presets import get_preset
+
+#: where a file's description lives (FLARE's PT persistor writes ``train_conf``)
+CONF_KEY = "train_conf"
+DESC_KEY = "medflare"
+
+
+def describe(preset: str, overrides: Mapping[str, Any] | None = None, kind: str = "model", version: int = 1, **extra: Any) -> dict[str, Any]:
+    """What a saved file says about itself: kind, version, preset, overrides, the model spec and data settings."""
+    cfg = get_preset(preset, overrides)
+    return {"kind": kind, "version": int(version), "preset": preset, "overrides": dict(overrides or {}),
+            "model": cfg["model"], "data": cfg["data"], **extra}
+
+
+# ---- reading files safely --------------------------------------------------------------------
+def _numpy_global(name: str):
+    """The numpy object a checkpoint names (``module.attr``), if it is plain data: arrays, dtypes, scalars."""
+    module, _, attr = name.rpartition(".")
+    if module.split(".")[0] != "numpy":
+        return None
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError):
+        return None
+    plain = obj in (np.ndarray, np.dtype) or (isinstance(obj, type) and issubclass(obj, np.dtype))
+    # array and scalar reconstructors of numpy's pickle protocol
+    return obj if plain or attr in ("_reconstruct", "scalar") else None
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """The dict saved at ``path``, loaded with ``weights_only=True``; ResultFileError (one line) names the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ResultFileError(f"result file '{path}' does not exist")
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+    except Exception:  # noqa: BLE001 - not a zip checkpoint: torch.load below says why
+        names = []
+    allowed = [obj for obj in map(_numpy_global, names) if obj is not None]
+    if allowed:  # a pickled dtype is rebuilt through its concrete class (Float32DType, ...), which the scan does not list
+        allowed += [type(np.dtype(code)) for code in np.typecodes["All"]]
+    refused = [n for n in names if _numpy_global(n) is None]
+    if refused:
+        raise ResultFileError(f"result file '{path}' holds code or objects that are not plain data ({', '.join(refused[:3])}); refusing to load it")
+    try:
+        with torch.serialization.safe_globals(allowed):
+            data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises many types for corrupt/unsafe files
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ResultFileError(f"result file '{path}' cannot be read as a torch checkpoint: {first}") from e
+    if not isinstance(data, dict):
+        raise ResultFileError(f"result file '{path}' holds a {type(data).__name__}, expected a dict")
+    return data
+
+
+def description_of(data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``train_conf["medflare"]`` entry of a checkpoint dict, or None."""
+    conf = data.get(CONF_KEY)
+    return conf.get(DESC_KEY) if isinstance(conf, Mapping) and isinstance(conf.get(DESC_KEY), Mapping) else None
+
+
+# ---- what a loaded result offers -------------------------------------------------------------
+class Predictor(Protocol):
+    """``images (B, C, *spatial) -> logits (B, num_classes[, *spatial])`` or a (B, 1, *spatial) label map.
+
+    Optional: ``reset()`` before a data set and ``report() -> {name: float}`` after it (e.g. how often a
+    FedSM super model routed to each of its models).
+    """
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class Option:
+    """A setting a kind accepts from the CLI (``--<name> VALUE``, parsed by ``parse``); a kind may take a
+    list (FedSM's comma-separated gamma sweep) and return one predictor per value."""
+
+    name: str
+    help: str
+    parse: Callable[[str], Any] = float
+
+
+class Result:
+    """A loaded result file: its networks on a device and what the CLI can do with them.
+
+    Subclasses set ``networks`` (name -> module) and override :meth:`predictors` (and :meth:`sample` if
+    they generate images). ``description`` is the file's ``train_conf["medflare"]`` entry.
+    """
+
+    def __init__(self, path: Path, description: Mapping[str, Any], networks: Mapping[str, torch.nn.Module], info: Mapping[str, Any] | None = None):
+        self.path = Path(path)
+        self.description = dict(description)
+        self.kind = self.description["kind"]
+        self.networks = dict(networks)
+        self.info = dict(info or {})
+        for net in self.networks.values():
+            net.eval()
+
+    @property
+    def preset(self) -> dict[str, Any]:
+        """The preset the result was trained with (overrides applied)."""
+        return get_preset(self.description["preset"], self.description.get("overrides") or {})
+
+    def to(self, device: torch.device | str) -> "Result":
+        for net in self.networks.values():
+            net.to(device)
+        return self
+
+    def parts(self) -> dict[str, str]:
+        """One line per network (name -> architecture and size) plus the kind's own entries in ``info``."""
+        from medflare.nets import count_parameters
+
+        return {name: f"{type(net).__name__}, {count_parameters(net):,} parameters" for name, net in self.networks.items()}
+
+    def predictors(self, options: Mapping[str, Any]) -> list[tuple[str, Predictor]]:
+        """``[(label, predictor)]``: one per value of a swept option, else one."""
+        raise MedflareError(f"result kind '{self.kind}' ({self.path}) has nothing that predicts")
+
+    def sample(self, label_maps: Sequence[torch.Tensor], options: Mapping[str, Any]) -> list[torch.Tensor]:
+        """Images generated from (1, *spatial) label maps (or unconditioned when empty); generators override."""
+        raise MedflareError(f"result kind '{self.kind}' ({self.path}) cannot sample images; it holds {sorted(self.networks)}")
+
+
+@dataclass(frozen=True)
+class ResultKind:
+    """A registered kind: its name, the newest file version it reads, a one-line summary, its loader and CLI options."""
+
+    name: str
+    version: int
+    summary: str
+    load: Callable[[Mapping[str, Any], Path], Result]
+    options: tuple[Option, ...] = field(default=())
+
+
+_KINDS: dict[str, ResultKind] = {}
+_DISCOVERED = False
+
+
+def register(kind: ResultKind) -> ResultKind:
+    """Add ``kind`` to the registry (an algorithm's ``results`` module calls this at import)."""
+    if kind.name in _KINDS and _KINDS[kind.name] is not kind:
+        raise ConfigError(f"result kind '{kind.name}' is registered twice")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def kinds() -> dict[str, ResultKind]:
+    """Every registered kind; the first call imports ``medflare.<pkg>.results`` of every sub-package that has one."""
+    global _DISCOVERED
+    if not _DISCOVERED:
+        import medflare
+
+        for info in pkgutil.iter_modules(medflare.__path__):
+            name = f"medflare.{info.name}.results"
+            if info.ispkg and importlib.util.find_spec(name) is not None:
+                importlib.import_module(name)
+        _DISCOVERED = True
+    return dict(_KINDS)
+
+
+def load_result(path: str | os.PathLike, preset: str | None = None) -> Result:
+    """Rebuild whatever ``path`` holds; a plain state dict needs ``preset``. ResultFileError names the file and known kinds."""
+    path = Path(path)
+    data = read_checkpoint(path)
+    desc = description_of(data)
+    known = kinds()
+    if desc is None:
+        if preset is None:
+            raise ResultFileError(f"result file '{path}' does not say what it holds; pass --preset for a plain state dict")
+        desc = describe(preset)
+    name, version = desc.get("kind"), int(desc.get("version", 1))
+    if name not in known:
+        raise ResultFileError(f"result file '{path}' holds kind '{name}', which this medflare does not know (known: {sorted(known)})")
+    kind = known[name]
+    if version > kind.version:
+        raise ResultFileError(
+            f"result file '{path}' is kind '{name}' version {version}, newer than this medflare reads ({kind.version}); upgrade medflare"
+        )
+    data = {**data, CONF_KEY: {**(data.get(CONF_KEY) or {}), DESC_KEY: desc}}
+    return kind.load(data, path)
+
+
+# ---- the generic kind: one network --------------------------------------------------------------
+def network_from(spec: Mapping[str, Any], state: Mapping[str, Any], what: str, build: Callable[[Mapping[str, Any]], torch.nn.Module] | None = None) -> torch.nn.Module:
+    """Build ``spec`` (``{"name", "args"}``) and load ``state`` into it; PayloadError names ``what`` on a mismatch."""
+    from medflare.common.payload import load_numpy_state
+    from medflare.nets import build_from_spec
+
+    net = (build or build_from_spec)(spec)
+    load_numpy_state(net, state, who=what)
+    return net.eval()
+
+
+class ModelResult(Result):
+    """One network (FLARE's ``FL_global_model.pt``, a local or centralised baseline model)."""
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.networks["model"]
+
+    def predictors(self, options: Mapping[str, Any]) -> list[tuple[str, Predictor]]:
+        return [("model", self.model)]
+
+
+def _load_model(data: Mapping[str, Any], path: Path) -> ModelResult:
+    desc = description_of(data)
+    state = data["model"] if "model" in data else {k: v for k, v in data.items() if k != CONF_KEY}
+    if not isinstance(state, Mapping):
+        raise ResultFileError(f"result file '{path}': its 'model' entry is a {type(state).__name__}, expected a state dict")
+    return ModelResult(path, desc, {"model": network_from(desc["model"], state, f"file '{path}'")})
+
+
+MODEL = register(ResultKind("model", 1, "one network (a global, local or centralised model)", _load_model))

@@ -1,0 +1,24 @@
+"""The result kinds FedSM saves, registered for ``medflare evaluate`` / ``predict`` (see :mod:`medflare.common.results`)."""
+
+from medflare import ConfigError
+from medflare.common.results import Option, ResultKind, register
+from medflare.fedsm.supermodel import super_model_from_checkpoint
+
+
+def _gammas(text: str) -> list[float]:
+    try:
+        return [float(g) for g in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"--gamma must be comma-separated numbers in [0, 1], got '{text}'") from None
+
+
+SUPER_MODEL = register(
+    ResultKind(
+        name="fedsm_super_model",
+        version=1,
+        summary="FedSM super model: global + per-site personalised models + model selector (Algorithm 2)",
+        load=super_model_from_checkpoint,
+        options=(Option("gamma", "selector confidence threshold(s) of Algorithm 2, comma-separated for a sweep "
+                        "(default: the job's); 1 = the global model alone", parse=_gammas),),
+    )
+)

@@ -35,7 +35,7 @@ def _run(repo, tmp_path, job, preset, rounds=ROUNDS):
 
 def _evaluate(model_file, site, out):
     assert medflare_main(["evaluate", "--model", str(model_file), "--site", site, "--out", str(out)]) == 0
-    return json.loads(out.read_text())["mean"]
+    return json.loads(out.read_text())["evaluations"][0]["sites"][site]["mean"]
 
 
 @pytest.mark.parametrize("job", ["fedavg", "fedprox", "scaffold"])

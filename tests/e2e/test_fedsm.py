@@ -37,8 +37,17 @@ def _evaluate(model_file, sites, gamma, out):
     return json.loads(out.read_text())["evaluations"][0]
 
 
+RECORDER = {"id": "recorder", "path": "medflare.testing.widgets.EventRecorder", "args": {}}
+
+
 def test_fedsm_selector_learns_and_super_model_beats_global(repo, tmp_path):
-    run = _run(repo, tmp_path, "fedsm")
+    run = _run(repo, tmp_path, "fedsm", server_components=[RECORDER])
+    # FLARE's round events, with the round in the FL context, as FLARE's FedAvg fires them
+    events = [json.loads(line) for line in (run.server_dir / "events.jsonl").read_text().splitlines()]
+    for name in ("_round_started", "_before_aggregation", "_after_aggregation"):
+        rounds = [e["round"] for e in events if e["event"].endswith(name)]
+        assert rounds == list(range(ROUNDS)), (name, rounds)
+    assert all(e["has_result"] for e in events if e["event"].endswith("_after_aggregation"))
     scalars = run.scalars()
     assert sorted(scalars) == CLIENTS
     for site, series in scalars.items():

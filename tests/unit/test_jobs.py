@@ -1,12 +1,17 @@
-"""The shipped job folders are consistent, and customize_job rewrites only what it is asked to."""
+"""The shipped job folders are their recipes' export and consistent, and customize_job rewrites only what it is asked to."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from medflare import MedflareError
-from medflare.testing.jobconfig import components, customize_job
 from medflare.presets import PRESETS
+from medflare.recipes import RECIPES
+from medflare.testing.export_jobs import differences, export, files_of
+from medflare.testing.jobconfig import components, customize_job
+
+JOBS = sorted(p.parent.name for p in (Path(__file__).resolve().parents[2] / "jobs").glob("*/meta.json"))
 
 
 def _configs(job_dir):
@@ -17,11 +22,31 @@ def _medflare_args(config):
     return [c["args"] for c in components(config) if c["path"].startswith("medflare.") and "preset" in c.get("args", {})]
 
 
-@pytest.mark.parametrize("job", ["fedavg", "fedprox", "scaffold"])
+def test_every_job_folder_has_a_recipe():
+    assert JOBS == sorted(RECIPES), "a job folder without a recipe, or a recipe without a folder"
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_job_folder_is_its_recipes_export(repo, job):
+    assert differences(job, repo / "jobs") == []
+
+
+def test_a_changed_knob_shows_as_a_difference(repo, tmp_path):
+    """The check above can fail: a folder edited by hand no longer matches its recipe."""
+    export("fedavg", tmp_path)
+    server = tmp_path / "fedavg" / "app" / "config" / "config_fed_server.json"
+    config = json.loads(server.read_text())
+    config["workflows"][0]["args"]["num_rounds"] = 11
+    server.write_text(json.dumps(config))
+    assert differences("fedavg", tmp_path) == ["fedavg/app/config/config_fed_server.json: differs"]
+    assert "app/custom/README.md" in files_of(tmp_path / "fedavg")
+
+
+@pytest.mark.parametrize("job", JOBS)
 def test_server_and_clients_name_the_same_preset(repo, job):
     configs = _configs(repo / "jobs" / job)
     args = _medflare_args(configs["config_fed_server.json"]) + _medflare_args(configs["config_fed_client.json"])
-    assert len(args) == 2
+    assert len(args) >= 2
     assert all(a["preset"] == args[0]["preset"] and a.get("overrides", {}) == args[0].get("overrides", {}) for a in args)
     assert args[0]["preset"] in PRESETS
     meta = json.loads((repo / "jobs" / job / "meta.json").read_text())

@@ -13,6 +13,7 @@ from nvflare.app_common.app_constant import AlgorithmConstants
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from medflare.baselines.corrections import ScaffoldState, fedprox_term
+from medflare.common.component import keep_args
 from medflare.common.payload import check_finite, load_numpy_state, state_to_numpy, weight_diff
 from medflare.common.site_executor import SiteExecutor, format_metrics
 from medflare.common.training import make_loss, make_optimizer, train_epochs
@@ -34,6 +35,7 @@ class SupervisedExecutor(SiteExecutor):
 
     def __init__(self, *args, train_task: str = "train", **kwargs):
         super().__init__(*args, **kwargs)
+        keep_args(self, train_task=train_task)
         self.register_task(train_task, self.train)
         self.model = None
         self.optimizer = None
@@ -76,7 +78,7 @@ class SupervisedExecutor(SiteExecutor):
             self.loss_fn,
             self.optimizer,
             epochs=train["epochs"],
-            device=self.device,
+            device=self.torch_device,
             max_steps=train.get("max_steps", 0),
             extra_loss=extra_loss,
             after_step=after_step,

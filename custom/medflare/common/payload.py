@@ -8,10 +8,11 @@ WEIGHT_DIFF DXO carries all of them and the stock filters still apply.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import torch
+from nvflare.apis.dxo import DXO, DataKind
 
 from medflare import PayloadError, MedflareError
 
@@ -80,3 +81,19 @@ def unflatten(params: Mapping[str, np.ndarray]) -> dict[str, dict[str, np.ndarra
 def nbytes(params: Mapping[str, np.ndarray]) -> int:
     """Bytes of the arrays in a payload (what a round costs on the wire, before serialisation overhead)."""
     return int(sum(np.asarray(v).nbytes for v in params.values()))
+
+
+def payload_bytes(params: Any) -> int:
+    """Bytes of the arrays in a payload: a flat dict of arrays, or a COLLECTION's named DXOs (recursively)."""
+    if isinstance(params, DXO):
+        return payload_bytes(params.data)
+    if isinstance(params, Mapping):
+        return sum(payload_bytes(v) for v in params.values())
+    if isinstance(params, torch.Tensor):
+        return params.numel() * params.element_size()
+    return int(params.nbytes) if isinstance(params, np.ndarray) else 0
+
+
+def collection(parts: Mapping[str, DXO], meta: Mapping[str, Any] | None = None) -> DXO:
+    """A COLLECTION DXO of named DXOs, each with its own data kind, so each site filter sees each part."""
+    return DXO(data_kind=DataKind.COLLECTION, data=dict(parts), meta=dict(meta or {}))

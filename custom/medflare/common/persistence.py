@@ -12,6 +12,7 @@ from typing import Any, Mapping
 import torch
 from nvflare.app_opt.pt.file_model_persistor import PTFileModelPersistor
 
+from medflare.common.component import keep_args
 from medflare.common.results import describe
 from medflare.nets import build_from_spec
 from medflare.presets import get_preset
@@ -36,6 +37,7 @@ class PresetModelPersistor(PTFileModelPersistor):
 
     def __init__(self, preset: str = "seg_synthetic", overrides: Mapping[str, Any] | None = None, seed: int = 0, **kwargs):
         super().__init__(model=model_from_preset(preset, overrides, seed), **kwargs)
+        keep_args(self, preset=preset, overrides=overrides or {}, seed=seed)
         self.medflare_conf = describe(preset, overrides)
 
     def load_model(self, fl_ctx):

@@ -19,6 +19,7 @@ from nvflare.apis.shareable import Shareable, make_reply
 from nvflare.apis.signal import Signal
 
 from medflare import MedflareError
+from medflare.common.component import keep_args
 from medflare.common.tracking import SiteTracker
 from medflare.common.training import make_loader, pick_device
 from medflare.data import SiteData, load_site
@@ -56,12 +57,10 @@ class SiteExecutor(Executor):
         overlay_every: int = 5,
     ):
         super().__init__()
+        keep_args(self, preset=preset, overrides=overrides or {}, device=device, seed=seed, num_overlays=num_overlays,
+                  overlay_every=overlay_every)
         self.cfg = get_preset(preset, overrides)
-        self.preset = preset
-        self.device = pick_device(device)
-        self.seed = int(seed)
-        self.num_overlays = int(num_overlays)
-        self.overlay_every = max(1, int(overlay_every))
+        self.torch_device = pick_device(device)
         self.site: str = ""
         self.data: SiteData | None = None
         self.tracker = SiteTracker(self)
@@ -88,7 +87,7 @@ class SiteExecutor(Executor):
             self.log_info(
                 fl_ctx,
                 f"site '{self.site}': preset '{self.preset}', data {self.data.source} "
-                f"(train {len(self.data.train)}, val {len(self.data.val)}, test {len(self.data.test)}), device {self.device}",
+                f"(train {len(self.data.train)}, val {len(self.data.val)}, test {len(self.data.test)}), device {self.torch_device}",
             )
 
     def setup(self, fl_ctx: FLContext) -> None:
@@ -96,7 +95,7 @@ class SiteExecutor(Executor):
 
     def new_model(self) -> torch.nn.Module:
         """A fresh network of the preset's architecture on this executor's device."""
-        return build_from_spec(self.cfg["model"]).to(self.device)
+        return build_from_spec(self.cfg["model"]).to(self.torch_device)
 
     # ---- task dispatch -----------------------------------------------------------------------
     def execute(self, task_name: str, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
@@ -126,7 +125,7 @@ class SiteExecutor(Executor):
             task=self.data.task,
             num_classes=self.data.num_classes,
             metrics=self.cfg["eval"]["metrics"],
-            device=self.device,
+            device=self.torch_device,
             predict=predict,
         )
         return result["mean"]
@@ -134,11 +133,11 @@ class SiteExecutor(Executor):
     def log_overlays(self, fl_ctx: FLContext, model: torch.nn.Module, tag: str, round_num: int, total_rounds: int | None) -> None:
         """Image | ground truth | prediction for the first validation cases, on the first, every Nth and last round."""
         last = total_rounds is not None and round_num >= total_rounds - 1
-        if self.data.task != "segmentation" or not (round_num == 0 or last or round_num % self.overlay_every == 0):
+        if self.data.task != "segmentation" or not (round_num == 0 or last or round_num % max(1, self.overlay_every) == 0):
             return
         model.eval()
         with torch.no_grad():
             for i in range(min(self.num_overlays, len(self.data.val))):
                 item = self.data.val[i]
-                pred = model(item["image"][None].to(self.device)).argmax(1).cpu()
+                pred = model(item["image"][None].to(self.torch_device)).argmax(1).cpu()
                 self.tracker.image(fl_ctx, f"{tag}/case{i}", overlay_image(item["image"], item["label"], pred), round_num)

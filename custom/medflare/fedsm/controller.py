@@ -19,10 +19,11 @@ import numpy as np
 import torch
 from nvflare.apis.fl_constant import FLMetaKey
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
-from nvflare.app_common.workflows.model_controller import ModelController
 
-from medflare import MedflareError
-from medflare.common.payload import flatten, nbytes, state_to_numpy, unflatten
+from medflare import ConfigError
+from medflare.common.component import keep_args
+from medflare.common.payload import flatten, state_to_numpy, unflatten
+from medflare.common.workflow import SiteRounds, check_int
 from medflare.common.persistence import model_from_preset
 from medflare.common.results import describe
 from medflare.fedsm import protocol as P
@@ -36,7 +37,7 @@ from medflare.presets import get_preset
 DEFAULT_SELECTOR = {"name": "style_selector", "args": {"width": 16, "depth": 3}}
 
 
-class FedSMController(ModelController):
+class FedSMController(SiteRounds):
     """FedSM: global model by FedAvg, personalised models by SoftPull, selector head calibrated from feature statistics.
 
     Args:
@@ -53,12 +54,9 @@ class FedSMController(ModelController):
             Must have ``features()`` and a Linear ``classifier``. Default style_selector width 16, depth 3.
         calibration: arguments of :func:`medflare.fedsm.calibrate.fit_head` (samples_per_class 500, steps 300,
             lr 0.05, eps 1e-3). Default {}.
-        min_responses: fewest sites whose results make a round; fewer ends the job with an error.
-            0 = all sites. Default 0.
-        train_timeout: seconds a site may take for one task before the server stops waiting for it; 0 =
-            wait forever (a dead site then hangs the job). Default 3600.
         train_task / validate_task: task names. Defaults "train", "validate".
-        task_check_period: seconds between checks of the standing tasks. Default 0.2.
+        persistor_id, min_responses, task_timeout, task_check_period: see :class:`medflare.common.workflow.SiteRounds`
+            (persistor_id "" until the super model has its persistor).
     """
 
     def __init__(
@@ -72,36 +70,32 @@ class FedSMController(ModelController):
         seed: int = 0,
         selector: Mapping[str, Any] | None = None,
         calibration: Mapping[str, Any] | None = None,
-        min_responses: int = 0,
-        train_timeout: int = 3600,
         train_task: str = "train",
         validate_task: str = "validate",
+        persistor_id: str = "",
+        min_responses: int = 0,
+        task_timeout: int = 3600,
         task_check_period: float = 0.2,
     ):
-        # No FLARE persistor: the super model is not one flat weight dict; the controller writes it itself.
-        # Site errors are handled here (min_responses), not by FLARE's per-task panic.
-        super().__init__(persistor_id="", ignore_result_error=True, task_check_period=task_check_period)
-        for key, value, low in (("num_rounds", num_rounds, 1), ("extra_rounds", extra_rounds, 0), ("min_responses", min_responses, 0), ("train_timeout", train_timeout, 0)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise MedflareError(f"FedSMController: '{key}' must be an int >= {low}, got {value!r}")
+        super().__init__(num_rounds=num_rounds, persistor_id=persistor_id, min_responses=min_responses,
+                         task_timeout=task_timeout, task_check_period=task_check_period)
+        selector = selector or DEFAULT_SELECTOR
+        keep_args(self, softpull_lambda=softpull_lambda, extra_rounds=extra_rounds, gamma=gamma, preset=preset,
+                  overrides=overrides or {}, seed=seed, selector=selector, calibration=calibration or {},
+                  train_task=train_task, validate_task=validate_task)
+        check_int("FedSMController", "extra_rounds", extra_rounds, 0)
         if not 0 <= float(gamma) <= 1:
-            raise MedflareError(f"FedSMController: 'gamma' must lie in [0, 1], got {gamma!r}")
-        self.num_rounds, self.extra_rounds = num_rounds, extra_rounds
-        self.lam, self.gamma = float(softpull_lambda), float(gamma)
-        self.preset, self.overrides, self.seed = preset, dict(overrides or {}), int(seed)
-        self.selector_spec = {"name": (selector or DEFAULT_SELECTOR)["name"], "args": dict((selector or DEFAULT_SELECTOR).get("args", {}))}
-        self.calibration = dict(calibration or {})
+            raise ConfigError(f"FedSMController: 'gamma' must lie in [0, 1], got {gamma!r}")
+        self.lam = float(softpull_lambda)
+        self.selector_spec = {"name": selector["name"], "args": dict(selector.get("args", {}))}
         unknown = set(self.calibration) - {"samples_per_class", "steps", "lr", "eps"}
         if unknown:
-            raise MedflareError(f"FedSMController: unknown 'calibration' keys {sorted(unknown)}")
-        self.min_responses, self.train_timeout = min_responses, train_timeout
-        self.train_task, self.validate_task = train_task, validate_task
-        self._results: dict[str, FLModel] = {}
+            raise ConfigError(f"FedSMController: unknown 'calibration' keys {sorted(unknown)}")
 
     # ---- state -------------------------------------------------------------------------------
     def _init_state(self) -> None:
-        self.sites = sorted(c.name for c in self.engine.get_clients())
-        K = len(self.sites)
+        self.site_names = self.sites()
+        K = len(self.site_names)
         check_lambda(self.lam, K)  # fail before the first round, not after it
         self.global_class = self.extra_rounds > 0
         cfg = get_preset(self.preset, self.overrides)
@@ -111,11 +105,11 @@ class FedSMController(ModelController):
         start = state_to_numpy(model_from_preset(self.preset, self.overrides, self.seed))
         self.global_params = start
         # All personalised models start from the initial global model (as in the reference).
-        self.person = {s: {k: v.copy() for k, v in start.items()} for s in self.sites}
+        self.person = {s: {k: v.copy() for k, v in start.items()} for s in self.site_names}
         torch.manual_seed(self.seed)
-        self.selector = build_selector(self.selector_spec)  # body fixed for the run; only the head is calibrated
-        head_of(self.selector)  # a selector without a Linear head on features() fails here, not after round 1
-        self.select = state_to_numpy(self.selector)
+        self.selector_net = build_selector(self.selector_spec)  # body fixed for the run; only the head is calibrated
+        head_of(self.selector_net)  # a selector without a Linear head on features() fails here, not after round 1
+        self.select = state_to_numpy(self.selector_net)
         self.stats: dict[str, dict] = {}  # site -> its own-label feature statistics (sent once)
         self.description = describe(self.preset, self.overrides, kind="fedsm_super_model")
         self.best = -np.inf
@@ -123,51 +117,34 @@ class FedSMController(ModelController):
     def _payload(self, site: str, phase: str) -> dict[str, np.ndarray]:
         models = {"global": self.global_params, "select": self.select}
         if phase == "extra":  # Eq. 1 needs every personalised model at every site
-            models.update({f"person_{i}": self.person[s] for i, s in enumerate(self.sites)})
+            models.update({f"person_{i}": self.person[s] for i, s in enumerate(self.site_names)})
         else:
             models["person"] = self.person[site]
         return flatten(models)
 
     # ---- one round ---------------------------------------------------------------------------
-    def _collect(self, result: FLModel) -> bool:
-        self._results[result.meta["client_name"]] = result
-        return True
-
     def _round(self, task: str, rnd: int, phase: str, total: int) -> dict[str, FLModel]:
-        """Send each site its own payload (all at once), wait for the standing tasks, return results by site."""
-        self._results = {}
-        sent = {}
-        for site in self.sites:
+        """Send each site its own payload (all at once); results by site."""
+        payloads = {}
+        for site in self.site_names:
             meta = {
-                P.SITES: self.sites, P.SELECTOR: self.selector_spec, P.GLOBAL_CLASS: self.global_class,
+                P.SITES: self.site_names, P.SELECTOR: self.selector_spec, P.GLOBAL_CLASS: self.global_class,
                 P.PHASE: phase, P.GAMMA: 0.0 if self.global_class else self.gamma,
                 P.STATS: phase == "extra" or site not in self.stats,
             }
-            params = self._payload(site, phase)
-            sent[site] = nbytes(params)
-            model = FLModel(params_type=ParamsType.FULL, params=params, meta=meta, current_round=rnd, total_rounds=total)
-            self.send_model(task, data=model, targets=[site], timeout=self.train_timeout, callback=self._collect)
-        start = time.perf_counter()
-        while self.get_num_standing_tasks():
-            if self.abort_signal.triggered:
-                return {}
-            time.sleep(self._task_check_period)
-        results = dict(self._results)
-        need = self.min_responses or len(self.sites)
-        if len(results) < need:
-            missing = sorted(set(self.sites) - set(results))
-            raise MedflareError(f"round {rnd}: {len(results)} of {len(self.sites)} sites answered (no result from {missing}); min_responses={need}")
-        for site, res in results.items():
-            stats = res.meta.get(P.STATS) or {}
-            got = nbytes(res.params or {}) + sum(nbytes(s) for s in stats.values())
-            filters = res.meta.get(FLMetaKey.FILTER_HISTORY)
-            self.info(f"round {rnd} {task}: {site} sent {sent[site]} B, received {got} B" + (f", result filters {filters}" if filters else ""))
-        self.info(f"round {rnd} {task}: {len(results)} sites in {time.perf_counter() - start:.1f} s; {sum(sent.values())} B out")
-        return results
+            payloads[site] = FLModel(params_type=ParamsType.FULL, params=self._payload(site, phase), meta=meta,
+                                     current_round=rnd, total_rounds=total)
+        return self.exchange(task, payloads, rnd)
+
+    def _super_model(self) -> FLModel:
+        """Global, personalised (site-index order) and selector weights as one flat FULL model."""
+        models = {"global": self.global_params, "select": self.select}
+        models.update({f"person_{i}": self.person[s] for i, s in enumerate(self.site_names)})
+        return FLModel(params_type=ParamsType.FULL, params=flatten(models))
 
     def _aggregate(self, results: dict[str, FLModel], phase: str) -> None:
         """FedAvg of the global model (n_k/n), SoftPull of the personalised models (Eq. 11), selector head calibration."""
-        order = [s for s in self.sites if s in results]
+        order = [s for s in self.site_names if s in results]
         if phase == "main":
             weights = [float(results[s].meta.get(FLMetaKey.NUM_STEPS_CURRENT_ROUND, 1)) for s in order]
             diffs = {s: unflatten(results[s].params) for s in order}
@@ -176,9 +153,9 @@ class FedSMController(ModelController):
             # A site that did not answer enters SoftPull with its model unchanged.
             trained = [
                 {k: v + diffs[s]["person"][k].astype(v.dtype) for k, v in self.person[s].items()} if s in diffs else self.person[s]
-                for s in self.sites
+                for s in self.site_names
             ]
-            self.person = dict(zip(self.sites, softpull(trained, self.lam)))
+            self.person = dict(zip(self.site_names, softpull(trained, self.lam)))
         fresh = {s: results[s].meta[P.STATS] for s in order if results[s].meta.get(P.STATS)}
         if phase == "main":
             if not fresh:
@@ -192,14 +169,14 @@ class FedSMController(ModelController):
             self.info(f"selector head not calibrated: statistics of fewer than 2 labels ({labels})")
             return
         tic = time.perf_counter()
-        weight, bias = fit_head(list(used.values()), len(self.sites) + int(self.global_class), seed=self.seed, **self.calibration)
-        set_head(self.selector, weight, bias)
-        self.select = state_to_numpy(self.selector)
+        weight, bias = fit_head(list(used.values()), len(self.site_names) + int(self.global_class), seed=self.seed, **self.calibration)
+        set_head(self.selector_net, weight, bias)
+        self.select = state_to_numpy(self.selector_net)
         self.info(f"selector head calibrated on feature statistics of {sorted(used)} ({phase}) in {time.perf_counter() - tic:.2f} s")
 
     def _save(self, name: str, rnd: int, metrics: Mapping[str, float]) -> None:
         save_super_model(
-            os.path.join(self.get_app_dir(), name), description=self.description, sites=self.sites,
+            os.path.join(self.get_app_dir(), name), description=self.description, sites=self.site_names,
             selector_spec=self.selector_spec, global_class=self.global_class, global_params=self.global_params,
             person_params=self.person, selector_params=self.select, lam=self.lam, round_num=rnd, metrics=metrics,
             gamma=0.0 if self.global_class else self.gamma,
@@ -220,9 +197,10 @@ class FedSMController(ModelController):
     def run(self) -> None:
         self._init_state()
         total = self.num_rounds + self.extra_rounds
-        self.info(f"FedSM: sites {self.sites}, lambda {self.lam}, {self.num_rounds} rounds + {self.extra_rounds} extra")
+        self.info(f"FedSM: sites {self.site_names}, lambda {self.lam}, {self.num_rounds} rounds + {self.extra_rounds} extra")
         for rnd in range(total):
             phase = "main" if rnd < self.num_rounds else "extra"
+            self.start_round(rnd, total)
             results = self._round(self.train_task, rnd, phase, total)
             if not results:
                 return
@@ -230,7 +208,7 @@ class FedSMController(ModelController):
             # In FedSM-extra the selector is untrained during the main rounds: "best" is judged only after them.
             if not self.global_class or phase == "extra":
                 self._scored(results, rnd)
-            self._aggregate(results, phase)
+            self.aggregate(results, lambda res: self._aggregate(res, phase) or self._super_model())
             self._save(SUPER_MODEL_FILE, rnd + 1, {})  # not scored yet: the next round's validation scores it
         results = self._round(self.validate_task, total, "extra" if self.global_class else "main", total)
         if results:

@@ -27,6 +27,7 @@ from nvflare.apis.signal import Signal
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 from medflare import MedflareError
+from medflare.common.component import keep_args
 from medflare.common.payload import check_finite, flatten, load_numpy_state, state_to_numpy, unflatten, weight_diff
 from medflare.common.site_executor import SiteExecutor, format_metrics
 from medflare.common.training import make_loss, make_optimizer, train_epochs
@@ -63,10 +64,10 @@ class FedSMExecutor(SiteExecutor):
         super().__init__(*args, **kwargs)
         if not isinstance(stats_noise, (int, float)) or stats_noise < 0:
             raise MedflareError(f"FedSMExecutor: 'stats_noise' must be a number >= 0, got {stats_noise!r}")
-        self.stats_noise = float(stats_noise)
+        keep_args(self, stats_noise=stats_noise, train_task=train_task, validate_task=validate_task)
         self._own_stats = None
         self.register_task(train_task, self.train)
-        self.register_task(validate_task, self.validate_task)
+        self.register_task(validate_task, self.score_only)
         self.selector = None
         self.selector_spec = None
 
@@ -88,7 +89,7 @@ class FedSMExecutor(SiteExecutor):
             raise MedflareError(f"site '{self.site}' is not in the server's site-index map {sites}")
         spec = meta[P.SELECTOR]
         if self.selector is None or spec != self.selector_spec:
-            self.selector = build_selector(spec).to(self.device)
+            self.selector = build_selector(spec).to(self.torch_device)
             self.selector_spec, self._own_stats = spec, None
         models = unflatten(incoming.params)
         load_numpy_state(self.global_model, models["global"], who="server (global)")
@@ -129,7 +130,7 @@ class FedSMExecutor(SiteExecutor):
             self.selector.eval()
             hits = total = 0
             for batch in self.loader(split):
-                hits += int((self.selector(batch["image"].to(self.device)).argmax(1) == wanted).sum())
+                hits += int((self.selector(batch["image"].to(self.torch_device)).argmax(1) == wanted).sum())
                 total += batch["image"].shape[0]
         out["selector_acc"] = hits / max(total, 1)
         freq = selection_frequency(predictor.choices, sites)
@@ -161,7 +162,7 @@ class FedSMExecutor(SiteExecutor):
             for name, (net, opt) in nets.items():
                 stats = train_epochs(
                     net, self.loader("train", shuffle=True, round_num=rnd), self.loss_fn, opt, epochs=train["epochs"],
-                    max_steps=train.get("max_steps", 0), device=self.device, should_stop=lambda: abort_signal.triggered,
+                    max_steps=train.get("max_steps", 0), device=self.torch_device, should_stop=lambda: abort_signal.triggered,
                 )
                 losses[f"train_loss_{name}"] = stats.mean_loss
             self.tracker.scalars(fl_ctx, losses, rnd)
@@ -182,7 +183,7 @@ class FedSMExecutor(SiteExecutor):
 
     def _stats(self, labels: list[int]) -> dict:
         """Per-label mean and covariance of the fixed selector features of the training images (+ noise)."""
-        feats = selector_features(self.selector, (b["image"].to(self.device) for b in self.loader("train")))
+        feats = selector_features(self.selector, (b["image"].to(self.torch_device) for b in self.loader("train")))
         stats = feature_stats(feats, labels)
         return add_noise(stats, self.stats_noise) if self.stats_noise > 0 else stats
 
@@ -193,12 +194,12 @@ class FedSMExecutor(SiteExecutor):
         labels: list[int] = []
         for batch in self.loader("train"):
             losses = per_case_losses(
-                [self.global_model, *person_all], batch["image"].to(self.device), batch["label"].to(self.device), self.loss_fn
+                [self.global_model, *person_all], batch["image"].to(self.torch_device), batch["label"].to(self.torch_device), self.loss_fn
             )
             labels.extend(extra_labels(losses).tolist())
         return labels
 
-    def validate_task(self, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
+    def score_only(self, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
         incoming, models, sites, idx = self._receive(shareable)
         meta = incoming.meta
         rnd = int(incoming.current_round or 0)

@@ -34,6 +34,7 @@ def customize_job(
     task_result_filters: list[dict] | None = None,
     server_settings: Mapping[str, Any] | None = None,
     client_settings: Mapping[str, Any] | None = None,
+    server_components: list[dict] | None = None,
 ) -> Path:
     """Copy job ``src`` to ``dst`` and set the given values in every app's configs; returns ``dst``.
 
@@ -41,7 +42,8 @@ def customize_job(
     ``workflow_args`` (e.g. num_rounds, num_clients) to every workflow, ``executor_args`` to every executor,
     ``task_result_filters`` replaces the client configs' result filters; ``server_settings`` /
     ``client_settings`` set top-level keys of the server / client config (e.g. ``{"server":
-    {"task_request_interval": 0.1}}`` or ``{"default_task_fetch_interval": 0.1}``).
+    {"task_request_interval": 0.1}}`` or ``{"default_task_fetch_interval": 0.1}``); ``server_components``
+    (``{"id", "path", "args"}`` dicts) are appended to the server's components (e.g. a test widget).
     """
     src, dst = Path(src), Path(dst)
     if not (src / "meta.json").is_file():
@@ -66,5 +68,7 @@ def customize_job(
         if task_result_filters is not None and is_client:
             config["task_result_filters"] = task_result_filters
         config.update((client_settings if is_client else server_settings) or {})
+        if server_components and not is_client:
+            config.setdefault("components", []).extend(server_components)
         path.write_text(json.dumps(config, indent=2))
     return dst

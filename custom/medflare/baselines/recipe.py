@@ -1,0 +1,79 @@
+"""Recipes of the baseline jobs (jobs/fedavg, jobs/fedprox, jobs/scaffold): FLARE's FedAvg / Scaffold workflows,
+the preset's network as initial model, FLARE's IntimeModelSelector for the best model, our SupervisedExecutor.
+
+    from medflare.recipes import FedAvgRecipe
+    from nvflare.recipe import SimEnv
+    FedAvgRecipe(preset="seg_synthetic_tiny", num_rounds=3).execute(SimEnv(num_clients=2))
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from nvflare.app_common.widgets.intime_model_selector import IntimeModelSelector
+from nvflare.app_common.workflows.fedavg import FedAvg
+from nvflare.app_common.workflows.scaffold import Scaffold
+
+from medflare.baselines.executor import SupervisedExecutor
+from medflare.common.persistence import PresetModelPersistor
+from medflare.common.recipe import JobRecipe
+from medflare.presets import get_preset
+
+
+class _BaselineRecipe(JobRecipe):
+    """A weight-averaging baseline: ``workflow_cls`` of FLARE with our persistor, best-model selector and executor."""
+
+    job_name = ""
+    workflow_cls: type = FedAvg
+
+    def __init__(
+        self,
+        preset: str = "seg_synthetic",
+        overrides: Mapping[str, Any] | None = None,
+        num_rounds: int = 10,
+        num_clients: int = 4,
+        seed: int = 0,
+        device: str = "auto",
+        min_clients: int = 2,
+        **workflow_args: Any,
+    ):
+        key_metric = get_preset(preset, overrides)["eval"]["key_metric"]
+        workflow = self.workflow_cls(num_clients=num_clients, num_rounds=num_rounds, persistor_id="persistor",
+                                     task_check_period=0.1, **workflow_args)
+        super().__init__(
+            self.job_name,
+            workflow=workflow,
+            workflow_id=self.job_name,
+            executor=SupervisedExecutor(preset=preset, overrides=overrides, device=device, seed=seed),
+            tasks=["train"],
+            server_components={
+                "persistor": PresetModelPersistor(preset=preset, overrides=overrides, seed=seed),
+                "model_selector": IntimeModelSelector(key_metric=key_metric, weigh_by_local_iter=True),
+            },
+            min_clients=min_clients,
+        )
+
+
+class FedAvgRecipe(_BaselineRecipe):
+    """FedAvg (McMahan et al. 2017) with FLARE's ``FedAvg`` workflow. Args: preset, overrides, num_rounds,
+    num_clients (sites per round), seed, device, min_clients."""
+
+    job_name = "fedavg"
+
+
+class FedProxRecipe(_BaselineRecipe):
+    """FedProx (Li et al. 2020): FLARE's ``FedAvg`` with ``fedprox_mu`` (the sites add FLARE's PTFedProxLoss).
+    Args: those of :class:`FedAvgRecipe` and ``fedprox_mu`` (default 0.01)."""
+
+    job_name = "fedprox"
+
+    def __init__(self, *args: Any, fedprox_mu: float = 0.01, **kwargs: Any):
+        super().__init__(*args, fedprox_mu=fedprox_mu, **kwargs)
+
+
+class ScaffoldRecipe(_BaselineRecipe):
+    """SCAFFOLD (Karimireddy et al. 2020) with FLARE's ``Scaffold`` workflow (the sites use PTScaffoldHelper).
+    Args: those of :class:`FedAvgRecipe`."""
+
+    job_name = "scaffold"
+    workflow_cls = Scaffold

@@ -1,0 +1,18 @@
+"""Every medflare job as a FLARE 2.9 Recipe (see :mod:`medflare.common.recipe`); ``jobs/<name>/`` is each one's export.
+
+    python -c "from medflare.recipes import FedSMRecipe; from nvflare.recipe import SimEnv; FedSMRecipe().execute(SimEnv(num_clients=4))"
+
+``RECIPES`` maps a job folder name to its recipe class (defaults = the shipped job folder).
+"""
+
+from medflare.baselines.recipe import FedAvgRecipe, FedProxRecipe, ScaffoldRecipe
+from medflare.fedsm.recipe import FedSMRecipe
+
+RECIPES = {
+    "fedavg": FedAvgRecipe,
+    "fedprox": FedProxRecipe,
+    "scaffold": ScaffoldRecipe,
+    "fedsm": FedSMRecipe,
+}
+
+__all__ = ["RECIPES", "FedAvgRecipe", "FedProxRecipe", "FedSMRecipe", "ScaffoldRecipe"]

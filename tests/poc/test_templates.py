@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from nvflare.apis.filter import ContentBlockedException
 import yaml
 from nvflare.apis.dxo import DXO, DataKind, from_shareable
 from nvflare.apis.fl_constant import FilterKey
@@ -60,7 +61,7 @@ def test_privacy_scopes_load_with_their_filters(privacy):
     assert privacy.get_scope("no-such-scope") is None  # what makes FLARE refuse such a job
     assert _result_filters(privacy, "standard") == []
     assert [type(f).__name__ for f in _result_filters(privacy, "strict")] == ["PercentilePrivacy"]
-    assert [type(f).__name__ for f in _result_filters(privacy, "no_weights")] == ["ExcludeVars"]
+    assert [type(f).__name__ for f in _result_filters(privacy, "no_weights")] == ["DXOBlocker"]
 
 
 def test_strict_scope_filters_weight_diffs(privacy):
@@ -74,20 +75,21 @@ def test_strict_scope_filters_weight_diffs(privacy):
     assert np.abs(values).max() <= flt.gamma
 
 
-def test_no_weights_scope_empties_weights_and_passes_other_payloads(privacy):
+def test_no_weights_scope_refuses_weights_and_passes_other_payloads(privacy):
     (flt,) = _result_filters(privacy, "no_weights")
     weights = DXO(DataKind.WEIGHT_DIFF, data={"conv.weight": np.ones(3), "fc.bias": np.ones(2)})
-    assert flt.process_dxo(weights, weights.to_shareable(), FLContext()).data == {}
-    mixed = DXO(
+    with pytest.raises(ContentBlockedException, match="WEIGHT_DIFF"):
+        flt.process(weights.to_shareable(), FLContext())
+    condensed = DXO(
         DataKind.COLLECTION,
-        data={
-            "prototypes": DXO(DataKind.METRICS, data={"prototypes": np.ones(4)}),
-            "model": DXO(DataKind.WEIGHT_DIFF, data={"fc.weight": np.ones(2)}),
-        },
+        data={"prototypes": DXO(DataKind.METRICS, data={"prototypes": np.ones(4)}),
+              "images": DXO(DataKind.APP_DEFINED, data={"images": np.zeros((2, 1, 4, 4), np.uint8)})},
     )
-    kept = from_shareable(flt.process(mixed.to_shareable(), FLContext())).data
-    assert kept["prototypes"].data["prototypes"].shape == (4,)  # non-weight payloads pass
-    assert kept["model"].data == {}  # weights inside a collection do not
+    kept = from_shareable(flt.process(condensed.to_shareable(), FLContext())).data
+    assert kept["prototypes"].data["prototypes"].shape == (4,) and kept["images"].data["images"].shape == (2, 1, 4, 4)
+    mixed = DXO(DataKind.COLLECTION, data={**condensed.data, "model": DXO(DataKind.WEIGHTS, data={"fc.weight": np.ones(2)})})
+    with pytest.raises(ContentBlockedException, match="WEIGHTS"):  # weights hidden in a collection are refused too
+        flt.process(mixed.to_shareable(), FLContext())
 
 
 def _job_component_paths():

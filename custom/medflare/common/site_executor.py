@@ -20,6 +20,7 @@ from nvflare.apis.signal import Signal
 
 from medflare import MedflareError
 from medflare.common.component import keep_args
+from medflare.common.site_config import read_site_config
 from medflare.common.tracking import SiteTracker
 from medflare.common.training import make_loader, pick_device
 from medflare.data import SiteData, load_site
@@ -62,6 +63,7 @@ class SiteExecutor(Executor):
         self.cfg = get_preset(preset, overrides)
         self.torch_device = pick_device(device)
         self.site: str = ""
+        self.site_config: dict = {}  # the site's own medflare_site.json (privacy, compute), read at START_RUN
         self.data: SiteData | None = None
         self.tracker = SiteTracker(self)
         self._handlers: dict[str, Handler] = {}
@@ -77,10 +79,11 @@ class SiteExecutor(Executor):
             workspace = fl_ctx.get_prop(FLContextKey.WORKSPACE_OBJECT)
             local_dir = workspace.get_site_config_dir() if workspace is not None else None
             try:
+                self.site_config = read_site_config(local_dir, self.site)
                 self.data = load_site(self.site, self.cfg["data"], local_dir=local_dir)
                 torch.manual_seed(self.seed)
                 self.setup(fl_ctx)
-            except MedflareError as e:  # the data layer's message already names the site and file
+            except MedflareError as e:  # the message names the site and the file or key
                 self.log_error(fl_ctx, str(e))
                 self.system_panic(f"cannot start: {e}", fl_ctx)
                 return

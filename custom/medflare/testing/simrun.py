@@ -6,6 +6,7 @@ code: :class:`SimRun` exposes the server run folder, the TensorBoard scalars per
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -47,11 +48,19 @@ def run_simulator(
     clients: list[str] | None = None,
     timeout: float = 900,
     env: dict[str, str] | None = None,
+    local_files: dict[str, object] | None = None,
 ) -> SimRun:
     """``nvflare simulator job -w workspace -n N -t N [-c names]`` with FLARE's memory advice; raises on timeout.
 
     Sites get cpu_count // N compute threads each (OMP_NUM_THREADS, unless the caller's environment sets it).
+    ``local_files`` (``{name: dict or text}``) are written to ``workspace/local/``, which the simulator copies into
+    every site's and the server's ``local/`` (e.g. ``{"medflare_site.json": {...}}``, ``{"privacy.json": {...}}``).
     """
+    if local_files:
+        local = Path(workspace) / "local"
+        local.mkdir(parents=True, exist_ok=True)
+        for name, content in local_files.items():
+            (local / name).write_text(content if isinstance(content, str) else json.dumps(content, indent=2))
     cmd = [
         sys.executable, "-m", "nvflare.cli", "simulator", str(job),
         "-w", str(workspace), "-n", str(n_clients), "-t", str(threads or n_clients),

@@ -21,16 +21,28 @@ SITES = 2
 CLIENTS = ["site-1", "site-3"]
 
 
-def _run(repo, tmp_path, job, preset, rounds=ROUNDS):
+FEDPROX_MU = 0.1  # strong enough that the proximal pull is measurable in a few rounds, weak enough to learn
+
+
+def _run(repo, tmp_path, job, preset, rounds=ROUNDS, workflow_args=None):
     folder = customize_job(
         repo / "jobs" / job, tmp_path / job, preset=preset,
-        workflow_args={"num_rounds": rounds, "num_clients": SITES},
+        workflow_args={"num_rounds": rounds, "num_clients": SITES, **(workflow_args or {})},
         executor_args={"overlay_every": 2},
     )
-    run = run_simulator(folder, tmp_path / "ws", SITES, clients=CLIENTS, timeout=600)
+    run = run_simulator(folder, tmp_path / f"ws_{job}", SITES, clients=CLIENTS, timeout=600)
     assert run.returncode == 0, run.log[-4000:]
     assert "EXECUTION_EXCEPTION" not in run.log, run.log[-4000:]
     return run
+
+
+@pytest.fixture(scope="module")
+def runs(repo, tmp_path_factory):
+    """Each baseline job once on the same sites, seeds and rounds (FedProx with a strong mu)."""
+    tmp = tmp_path_factory.mktemp("baselines")
+    out = {job: _run(repo, tmp, job, "seg_synthetic_tiny") for job in ("fedavg", "scaffold")}
+    out["fedprox"] = _run(repo, tmp, "fedprox", "seg_synthetic_tiny", workflow_args={"fedprox_mu": FEDPROX_MU})
+    return out
 
 
 def _evaluate(model_file, site, out):
@@ -38,9 +50,13 @@ def _evaluate(model_file, site, out):
     return json.loads(out.read_text())["evaluations"][0]["sites"][site]["mean"]
 
 
+def _series(run, tag):
+    return {site: dict(series[tag]) for site, series in run.scalars().items()}
+
+
 @pytest.mark.parametrize("job", ["fedavg", "fedprox", "scaffold"])
-def test_segmentation_job_learns_and_persists(repo, tmp_path, job):
-    run = _run(repo, tmp_path, job, "seg_synthetic_tiny")
+def test_segmentation_job_learns_and_persists(runs, tmp_path, job):
+    run = runs[job]
     last = run.app_server / "FL_global_model.pt"
     assert last.is_file() and (run.app_server / "best_FL_global_model.pt").is_file()
 
@@ -56,6 +72,26 @@ def test_segmentation_job_learns_and_persists(repo, tmp_path, job):
     # The final model, scored on a site's test split by the user-facing command.
     test = _evaluate(last, "site-1", tmp_path / "eval.json")
     assert test["dice"] > 0.5, test
+
+
+def test_fedprox_keeps_local_models_closer_to_the_global_model(runs):
+    """FedProx's proximal term acts: every site's update (||w_local - w_global||) is clearly smaller than FedAvg's."""
+    fedavg, fedprox = _series(runs["fedavg"], "update_norm"), _series(runs["fedprox"], "update_norm")
+    for site in CLIENTS:
+        ratio = sum(fedprox[site].values()) / sum(fedavg[site].values())
+        assert ratio < 0.8, f"{site}: FedProx mu={FEDPROX_MU} updates are {ratio:.2f} of FedAvg's"
+
+
+def test_scaffold_controls_are_nonzero_and_change_the_update(runs):
+    """SCAFFOLD's correction is zero in round 0 (c = c_i = 0), so its first update equals FedAvg's on the same
+    data and seeds; from round 1 the controls are non-zero and the updates part from FedAvg's."""
+    correction = _series(runs["scaffold"], "scaffold/correction_norm")
+    scaffold, fedavg = _series(runs["scaffold"], "update_norm"), _series(runs["fedavg"], "update_norm")
+    for site in CLIENTS:
+        assert correction[site][0] == 0.0 and all(correction[site][r] > 0 for r in range(1, ROUNDS)), correction[site]
+        assert scaffold[site][0] == pytest.approx(fedavg[site][0], rel=1e-3), "round 0 should be plain FedAvg"
+        later = [abs(scaffold[site][r] / fedavg[site][r] - 1) for r in range(1, ROUNDS)]
+        assert max(later) > 0.02, f"{site}: SCAFFOLD updates equal FedAvg's ({later})"
 
 
 def test_classification_preset_runs_through_the_same_job(repo, tmp_path):

@@ -46,6 +46,11 @@ class ScaffoldState:
         self._round = (copy.deepcopy(model), c_global, c_local, lr)
         return lambda m: self.helper.model_update(m, lr, c_global, c_local)
 
+    def correction_norm(self) -> float:
+        """||c - c_i|| of the current round: how hard every local step is pulled (0 in round 0)."""
+        _, c_global, c_local, _ = self._round
+        return float(sum(((c_global[k] - c_local[k]).double() ** 2).sum() for k in c_global) ** 0.5)
+
     def end_round(self, model: torch.nn.Module) -> dict[str, np.ndarray]:
         """Update c_i from this round's progress and return the control delta the server aggregates."""
         global_model, c_global, c_local, lr = self._round

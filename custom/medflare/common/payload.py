@@ -78,6 +78,12 @@ def unflatten(params: Mapping[str, np.ndarray]) -> dict[str, dict[str, np.ndarra
     return out
 
 
+def l2_norm(params: Mapping[str, np.ndarray]) -> float:
+    """Euclidean norm of all float entries of a flat payload (e.g. the size of a site's update)."""
+    return float(np.sqrt(sum(float((np.asarray(v, dtype=np.float64) ** 2).sum()) for v in params.values()
+                             if np.issubdtype(np.asarray(v).dtype, np.floating))))
+
+
 def nbytes(params: Mapping[str, np.ndarray]) -> int:
     """Bytes of the arrays in a payload (what a round costs on the wire, before serialisation overhead)."""
     return int(sum(np.asarray(v).nbytes for v in params.values()))

@@ -34,16 +34,10 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.model_controller import ModelController
 
-from medflare import ConfigError, PayloadError, PrivacyError
+from medflare import PayloadError, PrivacyError
+from medflare.common.checks import check_int
 from medflare.common.component import keep_args
 from medflare.common.payload import payload_bytes
-
-
-def check_int(owner: str, key: str, value: Any, low: int) -> int:
-    """``value`` as an int >= ``low``; ConfigError naming ``owner`` and ``key`` otherwise (bools refused)."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ConfigError(f"{owner}: '{key}' must be an int >= {low}, got {value!r}")
-    return value
 
 
 class SiteRounds(ModelController):

@@ -23,7 +23,8 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from medflare import ConfigError
 from medflare.common.component import keep_args
 from medflare.common.payload import flatten, state_to_numpy, unflatten
-from medflare.common.workflow import SiteRounds, check_int
+from medflare.common.checks import check_int
+from medflare.common.workflow import SiteRounds
 from medflare.common.persistence import model_from_preset
 from medflare.common.results import describe
 from medflare.fedsm import protocol as P

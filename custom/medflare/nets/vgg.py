@@ -7,7 +7,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from medflare import ConfigError
-from medflare.nets._checks import check_bool, check_dropout, check_positive_int
+from medflare.common.checks import check_bool, check_dropout, check_positive_int
 
 __all__ = ["VGG11_CFG", "SafeMaxPool2d", "VGG11Selector"]
 

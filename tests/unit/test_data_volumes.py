@@ -188,9 +188,11 @@ def test_disk_cache_holds_preprocessed_volumes_and_is_reused(tmp_path, monkeypat
     monkeypatch.setattr(transforms.LoadPair, "__call__", lambda self, entry: calls.append(entry["image"]) or original(self, entry))
     cache = {"mode": "disk", "rate": 1.0, "dir": str(tmp_path / "disk")}
     first = load_site("site-a", _cfg(cache=cache))
-    assert len(calls) == 6 and len(list((tmp_path / "disk").glob("*.pt"))) == 6
+    # each volume preprocessed once; the cache holds the 6 volumes and, for 2D training, every slice of them
+    slices = len(first.train) + len(first.val) + len(first.test)
+    assert len(calls) == 6 and len(list((tmp_path / "disk").glob("*.pt"))) == 6 + slices
     again = load_site("site-a", _cfg(cache=cache))
-    assert len(calls) == 6  # every volume came from the disk cache
+    assert len(calls) == 6  # every volume and slice came from the disk cache
     memory = load_site("site-a", _cfg())
     for i in (0, 17, len(first.train) - 1):
         assert torch.equal(again.train[i]["image"], memory.train[i]["image"])

@@ -30,7 +30,7 @@ import torch
 from medflare import ConfigError, DataError, MedflareError
 from medflare.data.datalists import read_datalist, site_splits
 from medflare.data.loaders import (
-    NPZ_SPLITS, SEG_SPLITS, cache_setting, cached_dataset, load_npz_split, seg_image_dataset, settings_tag,
+    NPZ_SPLITS, SEG_SPLITS, cache_setting, load_npz_split, seg_image_dataset, settings_tag,
 )
 from medflare.data.synthetic_cls import make_cls_sites
 from medflare.data.synthetic_seg import make_seg_site
@@ -226,8 +226,7 @@ def _segmentation_splits(site: str, source: pathlib.Path, data_cfg: Mapping[str,
     store = cache_setting(prep) if cache else {"mode": "none", "rate": 0.0, "dir": None}
     tag = settings_tag(prep, num_classes)
     if kind == "volumes":
-        splits, whole, _ = volume_datasets(entries, data_cfg, num_classes=num_classes, site=site,
-                                           cached=lambda e, transform, split: cached_dataset(e, transform, store, tag))
+        splits, whole, _ = volume_datasets(entries, data_cfg, num_classes=num_classes, site=site, cache=store, tag=tag)
         return splits, whole
     seed = stable_seed("augment", site, int(data_cfg.get("seed", 0)))
     return [seg_image_dataset(entries[s], prep, num_classes=num_classes, cache=store, train=s == "training", seed=seed,

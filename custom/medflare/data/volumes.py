@@ -4,7 +4,8 @@ Each volume goes once through the preset's deterministic preprocessing (:mod:`me
 reader by file type, checks, channels, labels, orientation, target spacing, intensity, in-plane size)
 and is kept by a MONAI dataset chosen by ``data.cache`` (:func:`medflare.data.loaders.cached_dataset`):
 ``CacheDataset`` in RAM (``rate`` of the volumes), ``PersistentDataset`` on disk (memory bounded by one
-volume at a time, for data larger than RAM), or nothing (reloaded on every access). From those:
+volume at a time, for data larger than RAM; 2D slices are then cached as slices too), or nothing
+(reloaded on every access). From those:
 
 * ``spatial_dims: 2`` (the papers' setting): the training split is a :class:`SliceDataset` of 2D items
   ``{"image": (C, H, W), "label": (1, H, W) int64, "name": "<file>[k]", "spacing": (2,) mm, "volume": "<file>",
@@ -26,10 +27,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
-from monai.transforms import Compose, RandCropByPosNegLabeld, SpatialPadd
+from monai.transforms import Compose, RandCropByPosNegLabeld, SpatialPadd, Transform
 from torch.utils.data import Dataset as TorchDataset
 
 from medflare import ConfigError
+from medflare.data.loaders import cached_dataset
 from medflare.data.transforms import Augment, ToItem, augmentation, check_image_size, preprocess
 from medflare.data.util import stable_seed
 
@@ -180,17 +182,35 @@ class SliceDataset(TorchDataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         v, k = self.index[i]
-        vol = self._volume(v)
-        spacing = vol["spacing"]
-        item = {
-            "image": vol["image"].select(self.axis + 1, k).clone(),
-            "label": vol["label"].select(self.axis + 1, k).to(torch.int64),
-            "name": f"{vol['name']}[{k}]",
-            "spacing": torch.cat([spacing[: self.axis], spacing[self.axis + 1:]]),
-            "volume": vol["name"],
-            "slice": k,
-        }
+        item = take_slice(self._volume(v), self.axis, k)
         return self.augment(item) if self.augment is not None else item
+
+
+def take_slice(vol: Mapping[str, Any], axis: int, k: int) -> dict[str, Any]:
+    """Slice ``k`` along spatial ``axis`` of a volume item, as a 2D item (see :class:`SliceDataset`)."""
+    spacing = vol["spacing"]
+    return {
+        "image": vol["image"].select(axis + 1, k).clone(),
+        "label": vol["label"].select(axis + 1, k).to(torch.int64),
+        "name": f"{vol['name']}[{k}]",
+        "spacing": torch.cat([spacing[:axis], spacing[axis + 1:]]),
+        "volume": vol["name"],
+        "slice": k,
+    }
+
+
+class SliceOf(Transform):
+    """Deterministic transform: a slice entry ``{..., "volume_index": v, "slice": k}`` -> that 2D item.
+
+    Reads volume ``v`` from ``volumes`` (the last one kept), so a caching dataset over slice entries in
+    volume order reads each volume once while it writes the slices.
+    """
+
+    def __init__(self, volumes: TorchDataset, axis: int) -> None:
+        self.volume, self.axis = _LastVolume(volumes), axis
+
+    def __call__(self, entry: Mapping[str, Any]) -> dict[str, Any]:
+        return take_slice(self.volume(entry["volume_index"]), self.axis, entry["slice"])
 
 
 class PatchDataset(TorchDataset):
@@ -261,22 +281,41 @@ class WholeVolumes:
         return VolumeInference(**self.inference).wrap(forward)
 
 
+def _slices(store: TorchDataset, entries: list[dict[str, Any]], index: list[tuple[int, int]], axis: int,
+            augment: Augment | None, cache: Mapping[str, Any], tag: str) -> TorchDataset:
+    """2D items of ``index``: views of the volumes in RAM, or (disk cache) their own small cached files.
+
+    On disk, reading a whole preprocessed volume for every slice would cost a volume read per slice in a
+    shuffled epoch; the slices are therefore cached themselves (MONAI PersistentDataset over slice entries),
+    written now in volume order, so each volume is read once and an epoch reads only slices.
+    """
+    if cache["mode"] != "disk":
+        return SliceDataset(store, index, axis, augment)
+    chain = [SliceOf(store, axis)] + ([augment] if augment is not None else [])
+    slices = cached_dataset([{**entries[v], "volume_index": v, "slice": k} for v, k in index], Compose(chain), cache, tag)
+    for i in range(len(slices)):  # in order: writes (or finds) every slice file
+        slices[i]
+    return slices
+
+
 def volume_datasets(entries: Mapping[str, list[dict[str, Any]]], data_cfg: Mapping[str, Any], *, num_classes: int,
-                    site: str, cached: Callable[..., TorchDataset]) -> tuple[list[TorchDataset], WholeVolumes, int]:
+                    site: str, cache: Mapping[str, Any], tag: str) -> tuple[list[TorchDataset], WholeVolumes, int]:
     """Train/val/test datasets of a volume site, its per-volume scoring and the image channel count.
 
-    ``entries`` maps "training"/"validation"/"testing" to datalist entries; ``cached(entries, transform, split)``
-    wraps a volume transform in the dataset the preset's ``data.cache`` chooses.
+    ``entries`` maps "training"/"validation"/"testing" to datalist entries; ``cache`` is the preset's
+    ``data.cache`` (:func:`medflare.data.loaders.cached_dataset`), ``tag`` names its settings.
     """
     layout = VolumeLayout.from_config(data_cfg)
     transform = volume_transform(data_cfg, layout, num_classes)
-    stores = {split: cached(entries[split], transform, split) for split in ("training", "validation", "testing")}
+    splits = ("training", "validation", "testing")
+    stores = {split: cached_dataset(entries[split], transform, cache, tag) for split in splits}
     seed = stable_seed("volumes", site, int(data_cfg.get("seed", 0)))
     if layout.spatial_dims == 2:
         augment = Augment(augmentation(data_cfg, 2), seed=seed)
-        train = SliceDataset(stores["training"], slice_index(stores["training"], layout.axis, layout.select, layout.ratio, seed),
-                             layout.axis, augment)
-        val, test = (SliceDataset(stores[s], slice_index(stores[s], layout.axis), layout.axis) for s in ("validation", "testing"))
+        index = {s: slice_index(stores[s], layout.axis, *((layout.select, layout.ratio, seed) if s == "training" else ()))
+                 for s in splits}
+        train, val, test = (_slices(stores[s], entries[s], index[s], layout.axis, augment if s == "training" else None, cache, tag)
+                            for s in splits)
     else:
         augment = Augment(augmentation(data_cfg, 3), seed=seed)
         for split in ("training", "validation", "testing"):

@@ -40,7 +40,7 @@ def _measure(data_dir: str, mode: str, cache_dir: str) -> dict:
     cache = {"mode": mode, "rate": 1.0, "dir": cache_dir if mode == "disk" else None}
     no_aug = {"flip": 0.0, "rotate": 0.0, "intensity": 0.0, "contrast": 0.0, "prob": 0.0}  # loading only
     data = get_preset("seg_volumes_2d", {"data": {"cache": cache, "augment": no_aug}})["data"]
-    out = {"mode": mode}
+    out = {"mode": mode, "rss_imports_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     tic = time.perf_counter()
     site = load_site("site-1", data)
     out["load_s"] = time.perf_counter() - tic
@@ -56,7 +56,8 @@ def _measure(data_dir: str, mode: str, cache_dir: str) -> dict:
         voxels += batch["image"].numel()
     out["val_pass_s"] = time.perf_counter() - tic
     first = site.whole_volumes.datasets["val"][0]
-    volumes = len(site.train.volumes) + len(site.whole_volumes.datasets["val"]) + len(site.whole_volumes.datasets["test"])
+    content = json.loads((Path(data_dir) / "site-1.json").read_text())
+    volumes = sum(len(content[k]) for k in ("training", "validation", "testing"))
     out["data_mb"] = round(volumes * (first["image"].nbytes + first["label"].numel()) / 2**20)  # label kept as uint8
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     del torch
@@ -102,9 +103,9 @@ def main() -> None:
             shutil.rmtree(folder / "disk_cache")
     lines = [f"# data.cache: peak memory and time ({datetime.now():%Y-%m-%d %H:%M}, shape {args.shape}, "
              "seg_volumes_2d at 128 x 128)", "",
-             "| volumes | preprocessed MB | cache | peak RSS MB | load s | epoch of slices s | val volumes s | slices | load avg |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['volumes']} | {r['data_mb']} | {r['label']} | {r['peak_rss_mb']:.0f} | {r['load_s']:.1f} | "
+             "| volumes | preprocessed MB | cache | peak RSS MB | of which imports MB | load s | epoch of slices s | val volumes s | slices | load avg |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['volumes']} | {r['data_mb']} | {r['label']} | {r['peak_rss_mb']:.0f} | {r['rss_imports_mb']:.0f} | {r['load_s']:.1f} | "
               f"{r['epoch_s']:.1f} | {r['val_pass_s']:.1f} | {r['slices']} | {r['load_avg']} |" for r in rows]
     (out / "data_memory.md").write_text("\n".join(lines) + "\n")
     (out / "data_memory.json").write_text(json.dumps(rows, indent=1))

@@ -23,15 +23,26 @@ TINY = {"data": {"image_size": [16, 16], "augment": NO_AUG},
         "train": {"epochs": 2, "batch_size": 8, "lr": 1e-2}}
 
 
-def test_fedavg_on_volume_slices_learns_and_writes_back(repo, tmp_path, monkeypatch):
+@pytest.fixture
+def data(tmp_path, monkeypatch):
+    """Two sites' volumes: site-1 a datalist with its own splits, site-2 an MSD dataset.json (other shape)."""
     data = tmp_path / "data"
     write_volume_site(data / "one", 6, shape=(24, 20, 10), seed=1, datalist=data / "site-1.json")
     write_volume_site(data / "two", 6, shape=(20, 24, 12), seed=2, msd=True, datalist=data / "site-2.json")
     monkeypatch.setenv("MEDFLARE_DATA", str(data))
-    folder = customize_job(repo / "jobs" / "fedavg", tmp_path / "job", preset="seg_volumes_2d", overrides=TINY,
-                           workflow_args={"num_rounds": ROUNDS, "num_clients": len(CLIENTS)}, executor_args={"overlay_every": 2})
+    return data
+
+
+def _run(repo, tmp_path, job, workflow_args):
+    folder = customize_job(repo / "jobs" / job, tmp_path / "job", preset="seg_volumes_2d", overrides=TINY,
+                           workflow_args={"num_rounds": ROUNDS, **workflow_args}, executor_args={"overlay_every": 2})
     run = run_simulator(folder, tmp_path / "ws", len(CLIENTS), clients=CLIENTS, timeout=300)
     assert run.returncode == 0 and "EXECUTION_EXCEPTION" not in run.log, run.log[-4000:]
+    return run
+
+
+def test_fedavg_on_volume_slices_learns_and_writes_back(repo, tmp_path, data):
+    run = _run(repo, tmp_path, "fedavg", {"num_clients": len(CLIENTS)})
     for site, series in run.scalars().items():
         dice = dict(series["val_global/dice"])
         assert dice[ROUNDS - 1] > dice[0] + 0.2 and dice[ROUNDS - 1] > 0.6, f"{site}: per-volume Dice {dice}"
@@ -48,3 +59,12 @@ def test_fedavg_on_volume_slices_learns_and_writes_back(repo, tmp_path, monkeypa
     source = nib.load(data / "two" / "imagesTs" / "case_100.nii.gz")
     assert written.shape == source.shape and np.allclose(written.affine, source.affine)
     assert 0 < written.get_fdata().mean() < 0.5  # a plausible foreground, not empty or everything
+
+
+def test_fedsm_runs_on_volume_slices(repo, tmp_path, data):
+    """The FedSM job with only the preset changed: its three models learn on slices and are scored per volume."""
+    run = _run(repo, tmp_path, "fedsm", {})
+    for site, series in run.scalars().items():
+        for name in ("val/global_dice", "val/person_dice", "val/super_dice"):
+            dice = dict(series[name])
+            assert dice[ROUNDS - 1] > dice[0] + 0.2 and dice[ROUNDS - 1] > 0.6, f"{site}: {name} {dice}"

@@ -114,16 +114,16 @@ def test_msd_dataset_json_as_published_loads(sites):
         read_datalist(sites / "site-msd.json", "testing")
 
 
-def _site_with(tmp_path, monkeypatch, image, label, suffix=".nii.gz"):
+def _site_with(tmp_path, monkeypatch, image, label, suffix=".nii.gz", label_affine=ORIENTED):
     """MEDFLARE_DATA/site-x.json whose every split is one case of the given arrays."""
     folder = tmp_path / "x"
     folder.mkdir(exist_ok=True)
-    for name, arr in (("img", image), ("lbl", label)):
+    for name, arr, affine in (("img", image, ORIENTED), ("lbl", label, label_affine)):
         if suffix == ".png":
             from PIL import Image
             Image.fromarray(arr).save(folder / f"{name}{suffix}")
         else:
-            nib.save(nib.Nifti1Image(arr, ORIENTED), folder / f"{name}{suffix}")
+            nib.save(nib.Nifti1Image(arr, affine), folder / f"{name}{suffix}")
     entry = [{"image": f"x/img{suffix}", "label": f"x/lbl{suffix}"}]
     (tmp_path / "site-x.json").write_text(json.dumps({"training": entry, "validation": entry, "testing": entry}))
     monkeypatch.setenv("MEDFLARE_DATA", str(tmp_path))
@@ -135,6 +135,7 @@ def _site_with(tmp_path, monkeypatch, image, label, suffix=".nii.gz"):
     ("two_channels", "seg_volumes_3d", r"site 'site-x'.*img.nii.gz' has 2 channel\(s\) but the preset expects 1 .*'data.channels'"),
     ("label_shape", "seg_volumes_2d", r"img.nii.gz' has shape \(1, 24, 20, 10\) but label .*lbl.nii.gz' has shape \(1, 24, 20, 9\)"),
     ("label_values", "seg_volumes_2d", r"lbl.nii.gz' has values in \[0, 4\], expected integers in \[0, 3\)"),
+    ("label_affine", "seg_volumes_3d", r"label .*lbl.nii.gz' lies elsewhere than image .*img.nii.gz': their affines differ"),
 ])
 def test_mismatches_are_clear_errors_before_training(tmp_path, monkeypatch, case, preset, message):
     """load_site runs at START_RUN, before any training: a mismatch stops the site there, naming the file."""
@@ -150,6 +151,8 @@ def test_mismatches_are_clear_errors_before_training(tmp_path, monkeypatch, case
         _site_with(tmp_path, monkeypatch, np.stack([vol, vol], -1), lab)
     elif case == "label_shape":
         _site_with(tmp_path, monkeypatch, vol, lab[..., :9])
+    elif case == "label_affine":
+        _site_with(tmp_path, monkeypatch, vol, lab, label_affine=np.diag([1.0, 1.0, 1.0, 1.0]))
     else:
         lab[2:5, 2:5, 2:5] = 4
         _site_with(tmp_path, monkeypatch, vol, lab)

@@ -117,7 +117,8 @@ class LoadPair(Transform):
     Checks, each a DataError naming the file and what the preset expects: the number of spatial
     dimensions (``spatial_dims``: 2 for images, 3 for volumes; a 2D image stored with a trailing
     singleton axis is accepted as 2D), the image's channel count (``channels``, after
-    ``channel_indices``), a single-channel label of the image's spatial shape. MONAI readers are picked by
+    ``channel_indices``), a single-channel label of the image's spatial shape and affine (1e-2 tolerance).
+    MONAI readers are picked by
     file type (:func:`reader_for`). Outputs MetaTensors (affine, spacing, applied operations) so that
     later transforms can be inverted.
     """
@@ -180,6 +181,12 @@ class LoadPair(Transform):
                     f"image {describe_files(entry['image'])} has shape {tuple(image.shape)} but label "
                     f"{describe_files(entry['label'])} has shape {tuple(label.shape)}; expected a (C, *spatial) "
                     f"image and a (1, *spatial) label of the same spatial size"
+                )
+            if not torch.allclose(label.affine.double(), image.affine.double(), atol=1e-2):
+                raise DataError(
+                    f"label {describe_files(entry['label'])} lies elsewhere than image {describe_files(entry['image'])}: "
+                    f"their affines differ ({label.affine.numpy().round(3).tolist()} vs "
+                    f"{image.affine.numpy().round(3).tolist()}); the label must be on the image's voxel grid"
                 )
             out["label"] = label
         return out

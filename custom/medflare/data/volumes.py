@@ -22,11 +22,15 @@ metrics use the voxel spacing in mm.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import pathlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
+from monai.data import Dataset
 from monai.transforms import Compose, RandCropByPosNegLabeld, SpatialPadd, Transform
 from torch.utils.data import Dataset as TorchDataset
 
@@ -291,11 +295,19 @@ def _slices(store: TorchDataset, entries: list[dict[str, Any]], index: list[tupl
     """
     if cache["mode"] != "disk":
         return SliceDataset(store, index, axis, augment)
-    chain = [SliceOf(store, axis)] + ([augment] if augment is not None else [])
-    slices = cached_dataset([{**entries[v], "volume_index": v, "slice": k} for v, k in index], Compose(chain), cache, tag)
-    for i in range(len(slices)):  # in order: writes (or finds) every slice file
-        slices[i]
-    return slices
+    slice_entries = [{**entries[v], "volume_index": v, "slice": k} for v, k in index]
+    slices = cached_dataset(slice_entries, Compose([SliceOf(store, axis)]), cache, tag)
+    written = pathlib.Path(slices.cache_dir) / f"slices-{_digest(slices.data)}.done"
+    if not written.is_file():  # in volume order: writes every slice file, reading each volume once
+        for i in range(len(slices)):
+            slices[i]
+        written.touch()
+    return Dataset(slices, transform=augment) if augment is not None else slices
+
+
+def _digest(entries: Sequence[Mapping[str, Any]]) -> str:
+    """A short hash of a list of (stamped) entries: names one warm-up of a slice cache."""
+    return hashlib.sha256(json.dumps(list(entries), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def volume_datasets(entries: Mapping[str, list[dict[str, Any]]], data_cfg: Mapping[str, Any], *, num_classes: int,

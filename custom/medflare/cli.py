@@ -2,11 +2,13 @@
 non-federated baselines.
 
     medflare data --preset seg_synthetic -n 4 --out DIR          write sites' data for MEDFLARE_DATA=DIR
+    medflare data --from-folder DIR [--out DIR/datalist.json]    a datalist for a folder of image/label pairs
     medflare show --model FILE                                   what a saved result is and what it holds
     medflare evaluate --model FILE --datalist JSON [--split testing] [--out results.json] [--verbose]
     medflare evaluate --model FILE --npz FILE                    classification: per-class accuracy, confusion matrix
     medflare evaluate --model FILE --site site-1 | --sites a,b | -n 4   (sites' configured or embedded data)
-    medflare predict --model FILE --datalist JSON --out DIR      one label map per image, next to the image's header
+                      volumes: per volume, on the stored grid, distances in mm
+    medflare predict --model FILE --datalist JSON --out DIR      one label map per image, with the image's affine and header
     medflare sample --model FILE --labels JSON --out DIR         images generated from label maps (generators)
     medflare baseline --mode local|central --preset P -n 4 --epochs 10 [--out results.json]
 
@@ -38,6 +40,10 @@ def cmd_data(args) -> dict[str, Any]:
     from medflare.data import make_cls_sites, make_seg_site
     from medflare.presets import get_preset
 
+    if args.from_folder:
+        return _datalist_from_folder(args)
+    if not args.out:
+        raise ConfigError("medflare data: --out FOLDER is required (or --from-folder DIR)")
     data = get_preset(args.preset)["data"]
     params = {k: v for k, v in data.items() if k not in ("kind",)}
     if data["kind"] == "synthetic_seg":
@@ -49,6 +55,23 @@ def cmd_data(args) -> dict[str, Any]:
         raise ConfigError(f"preset '{args.preset}' reads a site's own data; only synthetic presets can be generated")
     print(f"wrote {len(paths)} sites to {args.out}; use them with MEDFLARE_DATA={args.out}")
     return paths
+
+
+def _datalist_from_folder(args) -> dict[str, Any]:
+    from medflare.data.datalists import SEG_SPLITS, datalist_from_folder
+
+    out = Path(args.out) if args.out else Path(args.from_folder) / "datalist.json"
+    if out.suffix != ".json":
+        raise ConfigError(f"medflare data --from-folder: --out '{out}' must be a .json file")
+    content = datalist_from_folder(args.from_folder, out, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
+                                   seed=args.seed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(content, indent=2))
+    counts = ", ".join(f"{k} {len(content.get(k, []))}" for k in (*SEG_SPLITS, "test") if content.get(k))
+    print(f"wrote {out}: {counts}" + (f"; {len(content['unmatched'])} image(s) without a label listed under 'unmatched'"
+                                       if content.get("unmatched") else ""))
+    print(f"point a site at it: MEDFLARE_DATA=<folder holding <site>.json>, or local/medflare_data.json {{\"datalist\": \"{out}\"}}")
+    return {"datalist": str(out), **{k: len(v) for k, v in content.items() if isinstance(v, list)}}
 
 
 # ---- results ---------------------------------------------------------------------------------
@@ -79,10 +102,19 @@ def _kind_options(args, result) -> dict[str, Any]:
 
 
 def _sources(args, data_cfg) -> dict[str, tuple]:
-    """``{name: (dataset, task, num_classes)}``: one datalist, .npz or site, or several sites (--sites / -n)."""
+    """``{name: (dataset, task, num_classes)}``: one datalist, .npz or site, or several sites (--sites / -n).
+
+    For volume presets the "dataset" is the split's datalist entries (scored per volume on the stored grid).
+    """
     from medflare.data import load_npz_split, load_seg_split, load_site
+    from medflare.data.site import resolve_site_source
+    from medflare.data.writeback import is_volume_preset, volume_entries
 
     num_classes = data_cfg["num_classes"]
+    if is_volume_preset(data_cfg):
+        lists = {args.datalist: args.datalist} if args.datalist else {
+            name: resolve_site_source(name, data_cfg) for name in ([args.site] if args.site else _sites(args))}
+        return {name: (volume_entries(path, args.split, data_cfg), "segmentation", num_classes) for name, path in lists.items()}
     if args.datalist:
         return {args.datalist: (load_seg_split(args.datalist, args.split, num_classes=num_classes), "segmentation", num_classes)}
     if args.npz:
@@ -95,10 +127,11 @@ def _sources(args, data_cfg) -> dict[str, tuple]:
     return out
 
 
-def _evaluate_one(label, predictor, sources, metrics, device, batch_size, verbose) -> dict[str, Any]:
+def _evaluate_one(label, predictor, sources, metrics, device, batch_size, verbose, data_cfg) -> dict[str, Any]:
     """Score one predictor on every source and print the summary a person reads."""
     from medflare.common.report import confusion_matrix, confusion_table, metrics_table, named_fractions_table, site_table
     from medflare.common.training import make_loader
+    from medflare.data.writeback import is_volume_preset, scored_batches
     from medflare.metrics import evaluate
 
     import torch
@@ -108,8 +141,14 @@ def _evaluate_one(label, predictor, sources, metrics, device, batch_size, verbos
         if hasattr(predictor, "reset"):
             predictor.reset()
         model = predictor if isinstance(predictor, torch.nn.Module) else None
-        result = evaluate(model, make_loader(dataset, batch_size, False), task=task, num_classes=num_classes,
-                          metrics=metrics, device=device, predict=None if model is not None else predictor)
+        if is_volume_preset(data_cfg):  # per volume: predicted whole, mapped back to the stored grid, scored in mm
+            if model is not None:
+                model.eval()
+            result = evaluate(None, scored_batches(predictor, dataset, data_cfg, num_classes, device), task=task,
+                              num_classes=num_classes, metrics=metrics, device=device, predict=lambda labels: labels)
+        else:
+            result = evaluate(model, make_loader(dataset, batch_size, False), task=task, num_classes=num_classes,
+                              metrics=metrics, device=device, predict=None if model is not None else predictor)
         if hasattr(predictor, "report"):
             result["report"] = reports[name] = predictor.report()
         if task == "classification":
@@ -133,11 +172,12 @@ def _evaluate_one(label, predictor, sources, metrics, device, batch_size, verbos
 def cmd_evaluate(args) -> dict[str, Any]:
     result, device = _load(args)
     options = _kind_options(args, result)
-    sources = _sources(args, result.description["data"])
+    data_cfg = result.description["data"]
+    sources = _sources(args, data_cfg)
     metrics = args.metrics.split(",") if args.metrics else result.preset["eval"]["metrics"]
     print(f"{args.model}: kind '{result.kind}', preset '{result.description['preset']}', {args.split} split, device {device}")
     evaluations = [
-        _evaluate_one(label, predictor, sources, metrics, device, args.batch_size, args.verbose)
+        _evaluate_one(label, predictor, sources, metrics, device, args.batch_size, args.verbose, data_cfg)
         for label, predictor in result.predictors(options)
     ]
     return {"model": str(args.model), "kind": result.kind, "split": args.split, "options": options, "evaluations": evaluations}
@@ -221,9 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-n", type=int, help="sites site-1..site-N (default 4)")
         p.add_argument("--sites", help="comma-separated site names (overrides -n)")
 
-    p = sub.add_parser("data", help="write synthetic sites to a folder (for MEDFLARE_DATA)")
+    p = sub.add_parser("data", help="write synthetic sites to a folder (for MEDFLARE_DATA), or a datalist for a folder")
     p.add_argument("--preset", default="seg_synthetic")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", help="folder for synthetic sites; with --from-folder the datalist file (default DIR/datalist.json)")
+    p.add_argument("--from-folder", metavar="DIR",
+                   help="write a datalist for DIR's image/label pairs (imagesTr/labelsTr, images/masks, one folder per case)")
+    p.add_argument("--val-fraction", type=float, default=0.2, help="with --from-folder: validation cases (default 0.2)")
+    p.add_argument("--test-fraction", type=float, default=0.2, help="with --from-folder: testing cases (default 0.2)")
+    p.add_argument("--seed", type=int, default=0, help="with --from-folder: seed of the split (default 0)")
     add_sites(p)
     p.set_defaults(func=cmd_data, out_json=None)
 

@@ -10,7 +10,8 @@ Keys of a preset:
     model:  ``{"name": ..., "args": {...}}`` passed to :func:`medflare.nets.build_model`.
     train:  local training: ``epochs`` (local epochs per round), ``batch_size``, ``lr``,
             ``optimizer`` ("adam" | "sgd"), ``loss`` ("dice" | "dicece" | "ce"), ``max_steps``
-            (cap on local steps per round, 0 = no cap), ``num_workers``.
+            (cap on local steps per round, 0 = no cap), ``num_workers``, ``amp`` ("off" | "bf16" | "fp16":
+            mixed precision on a GPU, ignored on a CPU; where a preset has the key).
     eval:   ``metrics`` reported each round (names from :mod:`medflare.metrics`), ``key_metric``.
 """
 
@@ -131,3 +132,71 @@ PRESETS["cls_synthetic_tiny"] = _derive(
         "train": {"epochs": 2, "batch_size": 32, "lr": 2e-2},
     },
 )
+
+
+# ---- hospital data presets ----
+# A site's own data as hospitals store it (see docs/hospital_data.md for every key and worked examples).
+# Volumes: 3D NIfTI in a Decathlon datalist or an MSD dataset.json (MEDFLARE_DATA/<site>.json), binary
+# foreground by default (override data.num_classes, data.labels and model.args.out_channels together).
+_VOLUME_DATA = {
+    "kind": "volumes",
+    "num_classes": 2,
+    "labels": "auto",
+    "channels": 1,
+    "channel_indices": None,
+    "orientation": "RAS",
+    "spacing": None,
+    "intensity": "percentile",
+    "percentiles": [0.5, 99.5],
+    "window": [-160.0, 240.0],
+    "augment": {"flip": 0.5, "rotate": 15.0, "intensity": 0.1, "contrast": 0.2, "prob": 0.3},
+    "cache": {"mode": "memory", "rate": 1.0, "dir": None},
+    "val_fraction": 0.2,
+    "test_fraction": 0.2,
+    "seed": 0,
+}
+_VOLUME_EVAL = {"metrics": ["dice", "hd95", "surface_dice_2mm"], "key_metric": "dice"}
+# 2D models on slices drawn from the volumes (FedSM's prostate MRI, FedIOD's BraTS).
+PRESETS["seg_volumes_2d"] = {
+    "data": {**copy.deepcopy(_VOLUME_DATA), "spatial_dims": 2, "image_size": [128, 128], "fit": "resize",
+             "slices": {"axis": 2, "select": "all", "ratio": 1.0}},
+    "model": {
+        "name": "unet",
+        "args": {"in_channels": 1, "out_channels": 2, "channels": [16, 32, 64, 128], "strides": [2, 2, 2],
+                 "num_res_units": 2},
+    },
+    "train": {"epochs": 1, "batch_size": 8, "lr": 1e-3, "optimizer": "adam", "loss": "dicece", "max_steps": 0, "amp": "off"},
+    "eval": copy.deepcopy(_VOLUME_EVAL),
+}
+# 3D models on random patches (half of them centred on foreground: data.patch.pos_fraction), scored by
+# sliding-window inference over whole volumes.
+PRESETS["seg_volumes_3d"] = {
+    "data": {**copy.deepcopy(_VOLUME_DATA), "spatial_dims": 3,
+             "patch": {"size": [96, 96, 32], "per_volume": 4, "pos_fraction": 0.5, "overlap": 0.25, "sw_batch_size": 4}},
+    "model": {
+        "name": "unet",
+        "args": {"in_channels": 1, "out_channels": 2, "channels": [16, 32, 64, 128], "strides": [2, 2, 2],
+                 "num_res_units": 2, "spatial_dims": 3},
+    },
+    "train": {"epochs": 1, "batch_size": 2, "lr": 1e-3, "optimizer": "adam", "loss": "dicece", "max_steps": 0, "amp": "off"},
+    "eval": copy.deepcopy(_VOLUME_EVAL),
+}
+# 2D photographs of any size and channel count, e.g. colour fundus images (MEDFLARE_DATA/<site>.json, from
+# `medflare data --from-folder`), resized to the model's input; masks stored 0/255 become 0/1.
+PRESETS["seg_images_2d"] = {
+    "data": {
+        "kind": "datalist", "num_classes": 2, "labels": "auto", "channels": 3, "channel_indices": None,
+        "intensity": "minmax", "percentiles": [0.5, 99.5], "window": [-160.0, 240.0],
+        "image_size": [256, 256], "fit": "resize",
+        "augment": {"flip": 0.5, "rotate": 15.0, "intensity": 0.1, "contrast": 0.2, "prob": 0.3},
+        "cache": {"mode": "memory", "rate": 1.0, "dir": None},
+        "val_fraction": 0.2, "test_fraction": 0.2, "seed": 0,
+    },
+    "model": {
+        "name": "unet",
+        "args": {"in_channels": 3, "out_channels": 2, "channels": [16, 32, 64, 128, 256], "strides": [2, 2, 2, 2],
+                 "num_res_units": 2},
+    },
+    "train": {"epochs": 1, "batch_size": 8, "lr": 1e-3, "optimizer": "adam", "loss": "dicece", "max_steps": 0, "amp": "off"},
+    "eval": {"metrics": ["dice", "hd95"], "key_metric": "dice"},
+}

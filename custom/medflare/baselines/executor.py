@@ -84,6 +84,7 @@ class SupervisedExecutor(SiteExecutor):
             extra_loss=extra_loss,
             after_step=after_step,
             should_stop=lambda: abort_signal.triggered,
+            amp=train.get("amp"),
         )
         train_s = time.perf_counter() - tic
         self.tracker.scalars(fl_ctx, {"train_loss": stats.mean_loss, "time/train_s": train_s, "time/validate_s": validate_s}, rnd)

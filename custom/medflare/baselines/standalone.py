@@ -82,7 +82,7 @@ def _fit(model, train_set, val_sites: Mapping[str, SiteData], cfg, epochs, dev, 
     for epoch in range(epochs):
         stats = train_epochs(
             model, make_loader(train_set, train["batch_size"], True, seed + epoch), loss_fn, optimizer,
-            epochs=1, device=dev, max_steps=train.get("max_steps", 0),
+            epochs=1, device=dev, max_steps=train.get("max_steps", 0), amp=train.get("amp"),
         )
         scores = [_evaluate(model, d, cfg, "val", dev)["mean"][key] for d in val_sites.values()]
         curve.append(sum(scores) / len(scores))
@@ -91,5 +91,10 @@ def _fit(model, train_set, val_sites: Mapping[str, SiteData], cfg, epochs, dev, 
 
 
 def _evaluate(model, d: SiteData, cfg, split: str, dev) -> dict[str, Any]:
-    loader = make_loader(getattr(d, split), cfg["train"]["batch_size"], False)
-    return evaluate(model, loader, task=d.task, num_classes=d.num_classes, metrics=cfg["eval"]["metrics"], device=dev)
+    """Scores on a split: per case, or per volume for volume presets (as the federated jobs validate)."""
+    if d.whole_volumes is not None:
+        loader, predict = d.whole_volumes.loader(split), d.whole_volumes.predictor(model)
+    else:
+        loader, predict = make_loader(getattr(d, split), cfg["train"]["batch_size"], False), None
+    return evaluate(model, loader, task=d.task, num_classes=d.num_classes, metrics=cfg["eval"]["metrics"], device=dev,
+                    predict=predict)

@@ -116,15 +116,28 @@ class SiteExecutor(Executor):
 
     # ---- evaluation and tracking -------------------------------------------------------------
     def loader(self, split: str, shuffle: bool = False, round_num: int = 0):
-        """DataLoader over this site's ``split`` with the preset's batch size (shuffle seeded per round)."""
+        """DataLoader over this site's ``split`` with the preset's batch size (shuffle seeded per round).
+
+        Whole-volume splits (validation and testing of 3D presets: volumes differ in size) come one volume a batch.
+        """
         dataset = getattr(self.data, split)
-        return make_loader(dataset, self.cfg["train"]["batch_size"], shuffle, seed=self.seed + round_num)
+        batch_size = self.cfg["train"]["batch_size"]
+        if split != "train" and self.data.spatial_dims == 3:
+            batch_size = 1
+        return make_loader(dataset, batch_size, shuffle, seed=self.seed + round_num)
 
     def validate(self, model: torch.nn.Module, split: str = "val", predict=None) -> dict[str, float]:
-        """Mean metrics of ``model`` (or of ``predict``) on this site's ``split`` with the preset's metrics."""
+        """Mean metrics of ``model`` (or of ``predict``) on this site's ``split`` with the preset's metrics.
+
+        Volume presets are scored per volume (``SiteData.whole_volumes``): slice predictions stacked back into
+        the volume, or sliding windows for 3D models; distances in mm.
+        """
+        loader, whole = self.loader(split), self.data.whole_volumes
+        if whole is not None:
+            loader, predict = whole.loader(split), whole.predictor(predict if predict is not None else model)
         result = evaluate(
             model,
-            self.loader(split),
+            loader,
             task=self.data.task,
             num_classes=self.data.num_classes,
             metrics=self.cfg["eval"]["metrics"],
@@ -139,8 +152,14 @@ class SiteExecutor(Executor):
         if self.data.task != "segmentation" or not (round_num == 0 or last or round_num % max(1, self.overlay_every) == 0):
             return
         model.eval()
+        whole = self.data.whole_volumes
         with torch.no_grad():
             for i in range(min(self.num_overlays, len(self.data.val))):
                 item = self.data.val[i]
-                pred = model(item["image"][None].to(self.torch_device)).argmax(1).cpu()
+                if self.data.spatial_dims == 3:  # a whole volume: predicted by sliding windows, shown at its largest label slice
+                    pred = whole.predictor(model)(item["image"][None].to(self.torch_device)).argmax(1).cpu()
+                    k = int(item["label"].flatten(1, 2).sum((0, 1)).argmax())
+                    item, pred = {"image": item["image"][..., k], "label": item["label"][..., k]}, pred[..., k]
+                else:
+                    pred = model(item["image"][None].to(self.torch_device)).argmax(1).cpu()
                 self.tracker.image(fl_ctx, f"{tag}/case{i}", overlay_image(item["image"], item["label"], pred), round_num)

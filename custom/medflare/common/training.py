@@ -6,6 +6,7 @@ and ``after_step`` (SCAFFOLD's control-variate correction) instead of copying th
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -18,6 +19,19 @@ from medflare import ConfigError, MedflareError
 
 LOSSES = ("dice", "dicece", "ce")
 OPTIMIZERS = ("adam", "sgd")
+#: ``train.amp``: mixed precision on a CUDA device ("bf16"; "fp16" with gradient scaling); ignored on a CPU
+AMP_MODES = ("off", "bf16", "fp16")
+
+
+def mixed_precision(amp: str | None, device: torch.device | str):
+    """(autocast context, GradScaler or None) for ``amp`` on ``device``; plain float32 off CUDA or when "off"."""
+    amp = amp or "off"
+    if amp not in AMP_MODES:
+        raise ConfigError(f"unknown train.amp '{amp}' (known: {list(AMP_MODES)})")
+    if amp == "off" or torch.device(device).type != "cuda":
+        return contextlib.nullcontext(), None
+    dtype = torch.bfloat16 if amp == "bf16" else torch.float16
+    return torch.autocast("cuda", dtype=dtype), (torch.amp.GradScaler("cuda") if amp == "fp16" else None)
 
 
 def make_loss(name: str, task: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -80,13 +94,16 @@ def train_epochs(
     extra_loss: Callable[[torch.nn.Module], torch.Tensor] | None = None,
     after_step: Callable[[torch.nn.Module], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    amp: str | None = None,
 ) -> TrainStats:
     """Train ``model`` for ``epochs`` passes over ``loader`` (at most ``max_steps`` steps if > 0).
 
     ``extra_loss(model)`` is added to the data loss (e.g. FedProx); ``after_step(model)`` runs after each
     optimiser step (e.g. SCAFFOLD); ``should_stop()`` lets FLARE's abort signal end the loop early.
-    A non-finite loss raises MedflareError instead of silently producing a NaN model.
+    A non-finite loss raises MedflareError instead of silently producing a NaN model. ``amp`` ("bf16" |
+    "fp16" | "off", :func:`mixed_precision`) runs forward and loss in mixed precision on a CUDA device.
     """
+    autocast, scaler = mixed_precision(amp, device)
     stats = TrainStats()
     model.train()
     for _ in range(epochs):
@@ -95,13 +112,19 @@ def train_epochs(
                 return stats
             image, label = batch["image"].to(device), batch["label"].to(device)
             optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(image), label)
-            if extra_loss is not None:
-                loss = loss + extra_loss(model)
+            with autocast:
+                loss = loss_fn(model(image), label)
+                if extra_loss is not None:
+                    loss = loss + extra_loss(model)
             if not torch.isfinite(loss):
                 raise MedflareError(f"training loss became {loss.item()} at step {stats.steps}; lower train.lr")
-            loss.backward()
-            optimizer.step()
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                optimizer.step()
             if after_step is not None:
                 after_step(model)
             stats.steps += 1

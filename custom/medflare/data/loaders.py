@@ -1,42 +1,58 @@
-"""Loaders for a site's data: a Decathlon-style datalist of NIfTI/PNG files, or a MedMNIST-layout .npz.
+"""Loaders for a site's data: a Decathlon-style datalist of NIfTI/PNG/JPEG files, or a MedMNIST-layout .npz.
 
 Both return map-style datasets whose items are plain-tensor dicts that a default DataLoader batches:
 ``{"image": float32 (C, H, W) in [0, 1], "label": ..., "name": str}``; the label is int64 (1, H, W) for
 segmentation and an int64 scalar for classification. Bad inputs raise MedflareError naming the file.
+A 2D datalist is preprocessed as the preset's ``data`` section says (:mod:`medflare.data.transforms`:
+channels, label values, intensity, resizing to ``image_size``, training-time augmentation); with none of
+those keys, images are taken as stored and min-max scaled per image. Volumes: :mod:`medflare.data.volumes`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import pathlib
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
-from monai.data import CacheDataset, Dataset, load_decathlon_datalist
-from monai.data.image_reader import PILReader
-from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, ScaleIntensityd, Transform
+from monai.data import CacheDataset, Dataset, PersistentDataset
+from monai.transforms import Compose
 from torch.utils.data import Dataset as TorchDataset
 
-from medflare import DataError, MedflareError
+from medflare import ConfigError, DataError, MedflareError
+from medflare.data.datalists import SEG_SPLITS, read_datalist, split_keys
+from medflare.data.transforms import Augment, ToItem, augmentation, check_image_size, preprocess
+from medflare.data.util import cache_root
 
-SEG_SPLITS = ("training", "validation", "testing")
 NPZ_SPLITS = ("train", "val", "test")
-#: split names accepted by both loaders, mapped to (datalist key, npz prefix)
-_SPLIT_ALIASES = {
-    "training": ("training", "train"), "train": ("training", "train"),
-    "validation": ("validation", "val"), "val": ("validation", "val"),
-    "testing": ("testing", "test"), "test": ("testing", "test"),
-}
+__all__ = ["NPZ_SPLITS", "SEG_SPLITS", "cached_dataset", "load_npz_split", "load_seg_split", "read_datalist",
+           "seg_image_dataset"]
+
+#: ``data.cache``: where preprocessed items are kept. "memory": MONAI CacheDataset holding ``rate`` of the
+#: items in RAM (the rest is re-read and re-preprocessed on every access); "disk": MONAI PersistentDataset
+#: under ``dir`` (default ``$MEDFLARE_CACHE/preprocessed/<settings hash>``), memory bounded by the item
+#: being read, kept between runs (it holds preprocessed patient images: put it on the site's protected
+#: storage); "none": re-read on every access.
+CACHE_DEFAULT: dict[str, Any] = {"mode": "memory", "rate": 1.0, "dir": None}
+CACHE_MODES = ("memory", "disk", "none")
+_CACHE_VERSION = 1  # bump when preprocessing code changes what a cached item holds
 
 
-def _split_keys(split: str) -> tuple[str, str]:
-    """(datalist key, npz prefix) for ``split``; accepts both spellings (train/training, ...)."""
-    if split not in _SPLIT_ALIASES:
-        raise DataError(f"unknown split '{split}' (known: {sorted(_SPLIT_ALIASES)})")
-    return _SPLIT_ALIASES[split]
+def cache_setting(data_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``data.cache`` filled with defaults and checked."""
+    value = {**CACHE_DEFAULT, **(data_cfg.get("cache") or {})}
+    unknown = set(value) - set(CACHE_DEFAULT)
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {sorted('data.cache.' + k for k in unknown)} (known: {sorted(CACHE_DEFAULT)})")
+    if value["mode"] not in CACHE_MODES:
+        raise ConfigError(f"config key 'data.cache.mode' is {value['mode']!r}; expected one of {list(CACHE_MODES)}")
+    if not 0 <= float(value["rate"]) <= 1:
+        raise ConfigError(f"config key 'data.cache.rate' must be in [0, 1], got {value['rate']!r}")
+    return value
 
 
 @contextlib.contextmanager
@@ -55,53 +71,20 @@ def _medflare_errors() -> Iterator[None]:
         raise
 
 
-class _SegItem(Transform):
-    """Load one datalist entry into a plain-tensor item and check it (shapes, label range).
-
-    A deterministic MONAI ``Transform``, so CacheDataset runs (and caches) it at construction.
-
-    Wraps MONAI's ``LoadImaged`` (NIfTI via nibabel, PNG via PIL in row-major order so that PNG and
-    NIfTI arrays agree), ``EnsureChannelFirstd`` and ``ScaleIntensityd`` (per-image min-max to [0, 1]).
-    """
-
-    def __init__(self, num_classes: int) -> None:
-        self.num_classes = num_classes
-        self.load = Compose(
-            [
-                LoadImaged(["image", "label"], reader=PILReader(reverse_indexing=False), image_only=True),
-                EnsureChannelFirstd(["image", "label"]),
-                ScaleIntensityd("image", minv=0.0, maxv=1.0),
-            ]
-        )
-
-    def __call__(self, entry: Mapping[str, Any]) -> dict[str, Any]:
-        img_file, lbl_file = str(entry["image"]), str(entry["label"])
-        try:
-            loaded = self.load({"image": img_file, "label": lbl_file})
-        except Exception as exc:  # noqa: BLE001 - any reader failure is a bad file for the operator
-            raise DataError(f"cannot read image '{img_file}' or label '{lbl_file}': {exc.__cause__ or exc}") from exc
-        image = loaded["image"].as_tensor().float()
-        label = loaded["label"].as_tensor()
-        if image.ndim != 3 or label.shape[1:] != image.shape[1:] or label.shape[0] != 1:
-            raise DataError(
-                f"image '{img_file}' has shape {tuple(image.shape)} but label '{lbl_file}' has shape "
-                f"{tuple(label.shape)}; expected a (C, H, W) image and a (1, H, W) label of the same H, W"
-            )
-        rounded = torch.round(label)
-        lo, hi = float(label.min()), float(label.max())
-        if not torch.equal(rounded, label) or lo < 0 or hi >= self.num_classes:
-            raise DataError(
-                f"label '{lbl_file}' has values in [{lo:g}, {hi:g}], expected integers in [0, {self.num_classes})"
-            )
-        return {"image": image, "label": rounded.long(), "name": os.path.basename(img_file)}
-
-
 class _SegCacheDataset(CacheDataset):
     """CacheDataset that surfaces MedflareError (from loading at construction or later) unwrapped."""
 
     def _load_cache_item(self, idx: int):  # noqa: D401 - MONAI hook
         with _medflare_errors():
             return super()._load_cache_item(idx)
+
+    def _transform(self, index: int):
+        with _medflare_errors():
+            return super()._transform(index)
+
+
+class _SegPersistentDataset(PersistentDataset):
+    """PersistentDataset (preprocessed items on disk) that surfaces MedflareError unwrapped."""
 
     def _transform(self, index: int):
         with _medflare_errors():
@@ -116,44 +99,68 @@ class _SegDataset(Dataset):
             return super()._transform(index)
 
 
-def read_datalist(datalist: str | os.PathLike, split: str) -> list[dict[str, str]]:
-    """The entries of ``split`` in a Decathlon-style datalist, with absolute paths; checks files exist."""
-    datalist = pathlib.Path(datalist)
-    key, _ = _split_keys(split)
-    try:
-        content = json.loads(datalist.read_text())
-    except OSError as exc:
-        raise DataError(f"cannot read datalist '{datalist}': {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise DataError(f"datalist '{datalist}' is not valid JSON: {exc}") from exc
-    if not isinstance(content, dict) or key not in content:
-        raise DataError(f"datalist '{datalist}' has no '{key}' key (a list of {{image, label}} entries)")
-    if not content[key]:
-        raise DataError(f"datalist '{datalist}': split '{key}' is empty")
-    for i, entry in enumerate(content[key]):
-        if not isinstance(entry, dict) or "image" not in entry or "label" not in entry:
-            raise DataError(f"datalist '{datalist}': entry {i} of '{key}' needs 'image' and 'label' keys")
-    entries = load_decathlon_datalist(datalist, is_segmentation=True, data_list_key=key, base_dir=datalist.parent)
-    for entry in entries:
-        for field in ("image", "label"):
-            if not os.path.isfile(entry[field]):
-                raise DataError(f"datalist '{datalist}': {field} file '{entry[field]}' does not exist")
-    return entries
+def _file_stamp(value: Any) -> str:
+    """Size and modification time of an entry's file(s): part of a disk cache key, so an edited file is re-read."""
+    files = value if isinstance(value, (list, tuple)) else [value]
+    return ";".join(f"{os.path.getsize(f)}:{os.stat(f).st_mtime_ns}" for f in files if f is not None and os.path.isfile(f))
+
+
+def settings_tag(data_cfg: Mapping[str, Any], num_classes: int) -> str:
+    """A short hash of every setting that changes a preprocessed item (not augmentation, not the cache itself)."""
+    kept = {k: v for k, v in data_cfg.items() if k not in ("cache", "augment")}
+    text = json.dumps({"cfg": kept, "num_classes": num_classes, "v": _CACHE_VERSION}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cached_dataset(entries: Sequence[Mapping[str, Any]], transform: Compose, cache: Mapping[str, Any], tag: str) -> TorchDataset:
+    """``entries`` through ``transform`` in the MONAI dataset ``cache`` (:data:`CACHE_DEFAULT`) asks for.
+
+    The deterministic head of ``transform`` is what is cached; "memory" with rate 1 loads every item now.
+    """
+    with _medflare_errors():
+        if cache["mode"] == "memory":
+            return _SegCacheDataset(list(entries), transform, cache_rate=float(cache["rate"]), num_workers=0, progress=False)
+        if cache["mode"] == "disk":
+            folder = pathlib.Path(cache["dir"]).expanduser() if cache["dir"] else cache_root() / "preprocessed" / tag
+            folder.mkdir(parents=True, exist_ok=True)
+            stamped = [{**e, "stamp": _file_stamp(e["image"]) + "|" + _file_stamp(e.get("label"))} for e in entries]
+            return _SegPersistentDataset(stamped, transform, cache_dir=folder)
+        return _SegDataset(list(entries), transform)
+
+
+def seg_image_dataset(entries: Sequence[Mapping[str, Any]], data_cfg: Mapping[str, Any], *, num_classes: int,
+                      cache: Mapping[str, Any] | None = None, train: bool = False, seed: int = 0,
+                      check: bool = True) -> TorchDataset:
+    """2D segmentation items of datalist ``entries``, preprocessed (and, with ``train``, augmented) per the preset.
+
+    Items: ``{"image": float32 (C, H, W), "label": int64 (1, H, W) in [0, num_classes), "name"}``. With
+    ``check`` every item not already loaded by the cache is read once now, so a bad file fails before training.
+    """
+    chain = preprocess(data_cfg, spatial_dims=2, num_classes=num_classes, size=check_image_size(data_cfg), kind="datalist")
+    chain.append(ToItem())
+    if train:
+        chain.append(Augment(augmentation(data_cfg, 2), seed=seed))
+    cache = dict(cache or CACHE_DEFAULT)
+    dataset = cached_dataset(entries, Compose(chain), cache, settings_tag(data_cfg, num_classes))
+    if check and not (cache["mode"] == "memory" and float(cache["rate"]) >= 1):
+        with _medflare_errors():
+            for i in range(len(dataset)):
+                dataset[i]
+    return dataset
 
 
 def load_seg_split(
-    datalist: str | os.PathLike, split: str, *, num_classes: int, cache: bool = True
+    datalist: str | os.PathLike, split: str, *, num_classes: int, cache: bool = True,
+    data_cfg: Mapping[str, Any] | None = None,
 ) -> TorchDataset:
-    """A segmentation dataset for one split of a datalist; with ``cache`` every item is loaded (and checked) now.
+    """A 2D segmentation dataset for one split of a datalist; with ``cache`` every item is loaded (and checked) now.
 
     Items: ``{"image": float32 (C, H, W) in [0, 1], "label": int64 (1, H, W) in [0, num_classes), "name"}``.
+    ``data_cfg`` (a preset's data section) sets the preprocessing; none: images as stored, min-max scaled.
     """
     entries = read_datalist(datalist, split)
-    transform = _SegItem(num_classes)
-    with _medflare_errors():
-        if cache:
-            return _SegCacheDataset(entries, transform, cache_rate=1.0, num_workers=0, progress=False)
-        return _SegDataset(entries, transform)
+    mode = {"mode": "memory", "rate": 1.0, "dir": None} if cache else {"mode": "none", "rate": 0.0, "dir": None}
+    return seg_image_dataset(entries, data_cfg or {}, num_classes=num_classes, cache=mode, check=False)
 
 
 class NpzDataset(TorchDataset):
@@ -202,7 +209,7 @@ def load_npz_split(npz: str | os.PathLike, split: str, *, num_classes: int | Non
     ``num_classes``, when given, bounds the labels.
     """
     npz = pathlib.Path(npz)
-    _, prefix = _split_keys(split)
+    _, prefix = split_keys(split)
     try:
         with np.load(npz, allow_pickle=False) as data:
             keys = set(data.files)

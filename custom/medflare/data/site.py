@@ -8,7 +8,13 @@ Resolution order (:func:`resolve_site_source`):
      relative paths are relative to ``local_dir``.
   3. For ``synthetic_seg`` / ``synthetic_cls``: the embedded default, generated on first use into
      ``$MEDFLARE_CACHE`` (or ``~/.cache/medflare``) in a folder named by its parameters.
-     For ``datalist`` / ``npz``: an error saying how to point the site at its data.
+     For ``datalist`` / ``volumes`` / ``npz``: an error saying how to point the site at its data.
+
+Kinds: ``datalist`` (2D images: NIfTI, PNG, JPEG, any size and channel count the preset accepts),
+``volumes`` (3D NIfTI volumes trained as 2D slices or 3D patches, :mod:`medflare.data.volumes`), ``npz``
+(MedMNIST classification) and the synthetic defaults. A datalist may be an MSD ``dataset.json`` as
+published: splits it lacks are carved out of ``training`` (``data.val_fraction``, ``data.test_fraction``,
+seeded by ``data.seed``; :func:`medflare.data.datalists.site_splits`).
 """
 
 from __future__ import annotations
@@ -22,13 +28,20 @@ from typing import Any, Mapping
 import torch
 
 from medflare import ConfigError, DataError, MedflareError
-from medflare.data.loaders import NPZ_SPLITS, SEG_SPLITS, load_npz_split, load_seg_split
+from medflare.data.datalists import read_datalist, site_splits
+from medflare.data.loaders import (
+    NPZ_SPLITS, SEG_SPLITS, cache_setting, load_npz_split, seg_image_dataset, settings_tag,
+)
 from medflare.data.synthetic_cls import make_cls_sites
 from medflare.data.synthetic_seg import make_seg_site
-from medflare.data.util import DATA_ENV, cache_root, ensure_generated, param_tag
+from medflare.data.util import DATA_ENV, cache_root, ensure_generated, param_tag, stable_seed
+from medflare.data.volumes import WholeVolumes, volume_datasets
 
 #: data kind -> task
-KINDS = {"synthetic_seg": "segmentation", "datalist": "segmentation", "synthetic_cls": "classification", "npz": "classification"}
+KINDS = {"synthetic_seg": "segmentation", "datalist": "segmentation", "volumes": "segmentation",
+         "synthetic_cls": "classification", "npz": "classification"}
+#: kinds that read a site's own datalist and need ``data.num_classes``
+_OWN_SEG = ("datalist", "volumes")
 _SUFFIX = {"segmentation": ".json", "classification": ".npz"}
 #: task -> the medflare_data.json key naming a file of that task's data
 _CONFIG_KEY = {"segmentation": "datalist", "classification": "npz"}
@@ -42,6 +55,8 @@ class SiteData:
 
     ``source`` is the datalist JSON or .npz actually used; ``num_classes`` includes background for
     segmentation; ``in_channels`` is the image channel count C of items shaped (C, H, W).
+    ``spatial_dims`` is that of the training items (3 for patch-trained volume presets); ``whole_volumes``,
+    set for volume presets, scores models per volume (validate and evaluate use it instead of the items).
     """
 
     site: str
@@ -52,6 +67,8 @@ class SiteData:
     test: torch.utils.data.Dataset
     num_classes: int
     in_channels: int
+    spatial_dims: int = 2
+    whole_volumes: WholeVolumes | None = None
 
 
 def _task(data_cfg: Mapping) -> str:
@@ -167,12 +184,15 @@ def load_site(
     """
     task = _task(data_cfg)
     source = resolve_site_source(site, data_cfg, local_dir)
+    whole, dims = None, 2
     try:
         if task == "segmentation":
-            if "num_classes" not in data_cfg and data_cfg["kind"] == "datalist":
-                raise ConfigError("config key 'data.num_classes' is required for kind 'datalist'")
+            kind = data_cfg["kind"]
+            if "num_classes" not in data_cfg and kind in _OWN_SEG:
+                raise ConfigError(f"config key 'data.num_classes' is required for kind '{kind}'")
             num_classes = int(data_cfg.get("num_classes", 3))
-            splits = [load_seg_split(source, s, num_classes=num_classes, cache=cache) for s in SEG_SPLITS]
+            splits, whole = _segmentation_splits(site, source, data_cfg, num_classes, cache)
+            dims = 3 if splits[0][0]["image"].ndim == 4 else 2
             in_channels = int(splits[0][0]["image"].shape[0])
         else:
             num_classes = data_cfg.get("num_classes")
@@ -188,4 +208,29 @@ def load_site(
         if named is exc:
             raise
         raise named from exc
-    return SiteData(site, task, source, *splits, num_classes=int(num_classes), in_channels=in_channels)
+    return SiteData(site, task, source, *splits, num_classes=int(num_classes), in_channels=in_channels,
+                    spatial_dims=dims, whole_volumes=whole)
+
+
+def _segmentation_splits(site: str, source: pathlib.Path, data_cfg: Mapping[str, Any], num_classes: int,
+                         cache: bool) -> tuple[list, WholeVolumes | None]:
+    """Train/val/test datasets of a segmentation site (and per-volume scoring for volume presets)."""
+    kind = data_cfg["kind"]
+    if kind == "synthetic_seg":  # generated at the model's size and complete: no preprocessing settings apply
+        entries = {s: read_datalist(source, s) for s in SEG_SPLITS}
+        prep: Mapping[str, Any] = {}
+    else:
+        entries = site_splits(source, val_fraction=float(data_cfg.get("val_fraction", 0.2)),
+                              test_fraction=float(data_cfg.get("test_fraction", 0.2)), seed=int(data_cfg.get("seed", 0)))
+        prep = data_cfg
+    store = cache_setting(prep) if cache else {"mode": "none", "rate": 0.0, "dir": None}
+    tag = settings_tag(prep, num_classes)
+    if kind == "volumes":
+        splits, whole, _ = volume_datasets(entries, data_cfg, num_classes=num_classes, site=site, cache=store, tag=tag)
+        return splits, whole
+    seed = stable_seed("augment", site, int(data_cfg.get("seed", 0)))
+    return [seg_image_dataset(entries[s], prep, num_classes=num_classes, cache=store, train=s == "training", seed=seed,
+                              check=cache) for s in SEG_SPLITS], None
+
+
+

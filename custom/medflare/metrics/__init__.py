@@ -21,6 +21,7 @@ from medflare.metrics.segmentation import (
     nanmean_with_count,
     sensitivity,
     specificity,
+    surface_dice,
     variation_of_information,
 )
 from medflare.metrics.visualize import PALETTE, overlay_image
@@ -43,6 +44,7 @@ __all__ = [
     "overlay_image",
     "sensitivity",
     "specificity",
+    "surface_dice",
     "to_class_labels",
     "to_instances",
     "variation_of_information",

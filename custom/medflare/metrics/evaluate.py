@@ -16,6 +16,7 @@ from medflare.metrics.segmentation import (
     mean_pixel_accuracy,
     nanmean_with_count,
     per_class_scores,
+    surface_tolerance,
     variation_of_information,
 )
 
@@ -26,12 +27,12 @@ _PER_CLASS: tuple[str, ...] = ("dice", "hd95", "sensitivity", "specificity")
 SEGMENTATION_METRICS: tuple[str, ...] = (*_PER_CLASS, "mpa", "vi", "aji", "object_dice")
 CLASSIFICATION_METRICS: tuple[str, ...] = ("accuracy",)
 TASKS = {"segmentation": "segmentation", "seg": "segmentation", "classification": "classification", "cls": "classification"}
-_CLASS_RE = re.compile(rf"^({'|'.join(_PER_CLASS)})_c(\d+)$")
+_CLASS_RE = re.compile(rf"^({'|'.join(_PER_CLASS)}|surface_dice_[0-9.]+mm)_c(\d+)$")
 
 
 def _known(task: str) -> str:
     base = SEGMENTATION_METRICS if task == "segmentation" else CLASSIFICATION_METRICS
-    extra = "".join(f", {name}_c1" for name in _PER_CLASS) + ", ..." if task == "segmentation" else ""
+    extra = ", surface_dice_<t>mm" + "".join(f", {name}_c1" for name in _PER_CLASS) + ", ..." if task == "segmentation" else ""
     return ", ".join(base) + extra
 
 
@@ -48,7 +49,7 @@ def _check_metrics(metrics: Sequence[str], task: str, num_classes: int) -> None:
                     f"metric '{name}': class {m.group(2)} is not a foreground class of num_classes={num_classes} "
                     f"(foreground classes are 1..{num_classes - 1})"
                 )
-            ok = name in SEGMENTATION_METRICS or m is not None
+            ok = name in SEGMENTATION_METRICS or m is not None or surface_tolerance(name) is not None
         if not ok:
             raise MedflareError(f"unknown metric '{name}' for task '{task}' (known: {_known(task)})")
 
@@ -80,13 +81,15 @@ def _case_names(batch: Mapping[str, Any], size: int, start: int) -> list[str]:
     return [str(n) for n in names]
 
 
-def _segmentation_scores(pred: torch.Tensor, target: torch.Tensor, num_classes: int, metrics: Sequence[str]) -> list[dict[str, float]]:
+def _segmentation_scores(pred: torch.Tensor, target: torch.Tensor, num_classes: int, metrics: Sequence[str],
+                         spacing=None) -> list[dict[str, float]]:
     """Per-case scores of one batch of label maps (B,1,...) -> B dicts {metric name: value}."""
     batch = pred.shape[0]
     rows: list[dict[str, float]] = [{} for _ in range(batch)]
     matches = {name: _CLASS_RE.match(name) for name in metrics}
-    bases = {m.group(1) if m else name for name, m in matches.items()} & set(_PER_CLASS)
-    per_class = per_class_scores(pred, target, num_classes, sorted(bases)) if bases else {}
+    bases = {m.group(1) if m else name for name, m in matches.items()}
+    bases = {b for b in bases if b in _PER_CLASS or surface_tolerance(b) is not None}
+    per_class = per_class_scores(pred, target, num_classes, sorted(bases), spacing) if bases else {}
     vi = variation_of_information(pred, target) if "vi" in metrics else None
     mpa = mean_pixel_accuracy(pred, target, num_classes) if "mpa" in metrics else None
     instance_metrics = {"aji": aggregated_jaccard_index, "object_dice": object_dice}
@@ -96,7 +99,7 @@ def _segmentation_scores(pred: torch.Tensor, target: torch.Tensor, num_classes: 
             m = matches[name]
             if m:
                 value = float(per_class[m.group(1)][b, int(m.group(2)) - 1])
-            elif name in _PER_CLASS:
+            elif name in per_class:
                 value = nanmean_with_count(per_class[name][b])[0]
             elif name == "mpa":
                 value = float(mpa[b])
@@ -119,6 +122,7 @@ def evaluate(
     metrics: Sequence[str] = ("dice",),
     device: str | torch.device = "cpu",
     predict: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    spacing: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """Score ``model`` (or ``predict``) on every case of ``loader``; the one evaluation used by all jobs.
 
@@ -129,9 +133,13 @@ def evaluate(
     the model must already live there. The model is put in eval mode under ``torch.no_grad()`` and
     its training mode restored afterwards.
 
-    Metric names: segmentation "dice", "hd95", "sensitivity", "specificity" (mean over foreground
-    classes) and their per-class "<name>_c<k>", "mpa", "vi", "aji", "object_dice" (instances =
-    connected components of the union foreground); classification "accuracy".
+    Metric names: segmentation "dice", "hd95", "surface_dice_<t>mm" (normalised surface Dice at tolerance
+    t), "sensitivity", "specificity" (mean over foreground classes) and their per-class "<name>_c<k>",
+    "mpa", "vi", "aji", "object_dice" (instances = connected components of the union foreground);
+    classification "accuracy".
+
+    Distances are in mm when the voxel size is known: ``spacing`` (one size per spatial axis, for every
+    case) or else the batch's ``"spacing"`` entry ((B, dims), as volume datasets give it); in pixels otherwise.
     Unknown names, tasks or shapes raise MedflareError.
 
     Returns:
@@ -166,7 +174,8 @@ def evaluate(
                         label = label.unsqueeze(1)
                     pred = logits_to_label_map(output, num_classes).cpu()
                     pred, label = check_label_maps(pred, label, num_classes)
-                    rows = _segmentation_scores(pred, label, num_classes, metrics)
+                    case_spacing = spacing if spacing is not None else batch.get("spacing")
+                    rows = _segmentation_scores(pred, label, num_classes, metrics, case_spacing)
                 else:
                     pred = to_class_labels(output).cpu()
                     label = label.reshape(-1).long().cpu()

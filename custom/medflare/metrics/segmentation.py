@@ -2,10 +2,13 @@
 
 Every function takes ``pred`` and ``target`` integer label maps of shape (B, 1, H, W) or
 (B, 1, H, W, D) with values in [0, num_classes), 0 = background, and returns per-case values.
+Distances (HD95, surface Dice) are in the units of ``spacing``: pixel/voxel sizes in mm, one per
+spatial axis, for the whole batch or one row per case (``(B, dims)``); without it, in pixels.
 
 Conventions for empty masks (per case and foreground class; documented here once):
     * Dice: both empty -> 1 (nothing to find, nothing found); exactly one empty -> 0.
     * HD95: pred or target empty -> nan (a distance to nothing is undefined).
+    * surface Dice: both empty -> 1, exactly one empty -> 0 (as Dice).
     * sensitivity: target empty -> nan (no positives); specificity: target all foreground -> nan.
     * mean pixel accuracy: classes absent from the target are left out of the mean.
 Aggregates over cases use ``nanmean`` and report how many values were nan
@@ -26,6 +29,7 @@ __all__ = [
     "check_label_maps",
     "dice",
     "hd95",
+    "surface_dice",
     "sensitivity",
     "specificity",
     "mean_pixel_accuracy",
@@ -81,23 +85,64 @@ def _dice_one_hot(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return compute_dice(p, t, include_background=False, ignore_empty=False).float()
 
 
-def hd95(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """95th-percentile symmetric Hausdorff distance in pixels: (B,1,...) -> (B, num_classes-1).
+def hd95(pred: torch.Tensor, target: torch.Tensor, num_classes: int, spacing=None) -> torch.Tensor:
+    """95th-percentile symmetric Hausdorff distance: (B,1,...) -> (B, num_classes-1), in mm with ``spacing``.
 
     MONAI ``compute_hausdorff_distance(percentile=95)``; nan where pred or target of a class is empty.
+    ``spacing``: voxel size per spatial axis, for all cases or one row per case (default: pixels).
     """
-    return _hd95_one_hot(*_one_hot(pred, target, num_classes))
+    return _hd95_one_hot(*_one_hot(pred, target, num_classes), spacing=spacing)
 
 
-def _hd95_one_hot(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+def _spacing(spacing, batch: int, dims: int):
+    """``spacing`` as MONAI's metrics take it: None, or one list of ``dims`` floats per case."""
+    if spacing is None:
+        return None
+    s = torch.as_tensor(spacing, dtype=torch.float64).cpu()
+    if s.ndim == 1:
+        s = s.expand(batch, -1)
+    if s.shape != (batch, dims):
+        raise MedflareError(f"'spacing' must hold {dims} voxel sizes (for the batch or per case), got shape {tuple(s.shape)}")
+    return s.tolist()
+
+
+def _empty(p: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, C-1) masks: prediction empty, target empty (per foreground class)."""
+    return p[:, 1:].flatten(2).sum(-1) == 0, t[:, 1:].flatten(2).sum(-1) == 0
+
+
+def _hd95_one_hot(p: torch.Tensor, t: torch.Tensor, spacing=None) -> torch.Tensor:
     from monai.metrics import compute_hausdorff_distance
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # MONAI warns on every empty mask; nan is our documented answer
-        out = compute_hausdorff_distance(p, t, include_background=False, percentile=95).float()
-    empty = (p[:, 1:].flatten(2).sum(-1) == 0) | (t[:, 1:].flatten(2).sum(-1) == 0)
-    out[empty] = float("nan")
+        out = compute_hausdorff_distance(p, t, include_background=False, percentile=95,
+                                         spacing=_spacing(spacing, p.shape[0], p.ndim - 2)).float()
+    empty_p, empty_t = _empty(p, t)
+    out[empty_p | empty_t] = float("nan")
     out[torch.isinf(out)] = float("nan")
+    return out
+
+
+def surface_dice(pred: torch.Tensor, target: torch.Tensor, num_classes: int, tolerance: float, spacing=None) -> torch.Tensor:
+    """Normalised surface Dice at ``tolerance`` (mm with ``spacing``, else pixels): (B,1,...) -> (B, num_classes-1).
+
+    The fraction of both boundaries lying within ``tolerance`` of the other (Nikolov et al. 2021), MONAI
+    ``compute_surface_dice``; both empty -> 1, one empty -> 0.
+    """
+    return _surface_dice_one_hot(*_one_hot(pred, target, num_classes), tolerance, spacing)
+
+
+def _surface_dice_one_hot(p: torch.Tensor, t: torch.Tensor, tolerance: float, spacing=None) -> torch.Tensor:
+    from monai.metrics import compute_surface_dice
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = compute_surface_dice(p, t, class_thresholds=[float(tolerance)] * (p.shape[1] - 1), include_background=False,
+                                   spacing=_spacing(spacing, p.shape[0], p.ndim - 2)).float()
+    empty_p, empty_t = _empty(p, t)
+    out[empty_p & empty_t] = 1.0
+    out[empty_p ^ empty_t] = 0.0
     return out
 
 
@@ -115,18 +160,23 @@ def _confusion(pred: torch.Tensor, target: torch.Tensor, num_classes: int, name:
     return _confusion_one_hot(*_one_hot(pred, target, num_classes), [name])[name]
 
 
-def per_class_scores(pred: torch.Tensor, target: torch.Tensor, num_classes: int, names: Sequence[str]) -> dict[str, torch.Tensor]:
-    """Several of dice/hd95/sensitivity/specificity at once: {name: (B, num_classes-1)}.
+def per_class_scores(pred: torch.Tensor, target: torch.Tensor, num_classes: int, names: Sequence[str],
+                     spacing=None) -> dict[str, torch.Tensor]:
+    """Several of dice/hd95/surface_dice_<t>mm/sensitivity/specificity at once: {name: (B, num_classes-1)}.
 
     Same values as calling each function, but the label maps are checked and one-hot encoded once,
-    and sensitivity and specificity share one confusion matrix.
+    and sensitivity and specificity share one confusion matrix. ``spacing``: see :func:`hd95`.
     """
     p, t = _one_hot(pred, target, num_classes)
     out: dict[str, torch.Tensor] = {}
     if "dice" in names:
         out["dice"] = _dice_one_hot(p, t)
     if "hd95" in names:
-        out["hd95"] = _hd95_one_hot(p, t)
+        out["hd95"] = _hd95_one_hot(p, t, spacing)
+    for name in names:
+        tolerance = surface_tolerance(name)
+        if tolerance is not None:
+            out[name] = _surface_dice_one_hot(p, t, tolerance, spacing)
     confusion = [n for n in ("sensitivity", "specificity") if n in names]
     if confusion:
         out.update(_confusion_one_hot(p, t, confusion))
@@ -134,6 +184,17 @@ def per_class_scores(pred: torch.Tensor, target: torch.Tensor, num_classes: int,
     if unknown:
         raise MedflareError(f"per_class_scores: unknown metric(s) {sorted(unknown)}")
     return out
+
+
+def surface_tolerance(name: str) -> float | None:
+    """The tolerance of a metric named ``surface_dice_<t>mm`` (e.g. ``surface_dice_2mm`` -> 2.0), else None."""
+    if name.startswith("surface_dice_") and name.endswith("mm"):
+        try:
+            value = float(name[len("surface_dice_"):-2])
+        except ValueError:
+            return None
+        return value if value >= 0 else None
+    return None
 
 
 def sensitivity(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:

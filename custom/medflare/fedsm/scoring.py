@@ -103,5 +103,5 @@ def summarize(
     out["selector_acc"] = float((typicality.argmax(1) == own).double().mean())
     out["selected_own"] = float(mine.sum()) / n
     out["selected_global"] = float((choice == GLOBAL).sum()) / n
-    out["selected_other"] = 1.0 - out["selected_own"] - out["selected_global"]
+    out["selected_other"] = float(((choice != own) & (choice != GLOBAL)).sum()) / n
     return out

@@ -445,3 +445,42 @@ def test_persistor_builds_the_container_when_configured_and_writes_the_registry_
     pers.save_model_file(str(tmp_path / "sm.pt"))
     sm = load_super_model(tmp_path / "sm.pt")
     assert sm.sites == sites and sm.info["gamma"] == pytest.approx(0.1) and sm.selector.global_class
+
+
+# ---- the site's reply as FLARE's filters and the server see it ----------------------------------------
+def _train_reply():
+    from nvflare.apis.dxo import DXO, DataKind
+    from nvflare.apis.fl_constant import FLMetaKey
+
+    from medflare.common.payload import flatten
+    from medflare.fedsm.executor import site_reply
+
+    g = np.random.default_rng(0)
+    diff = flatten({P.GLOBAL: {"w": g.normal(0, 0.01, 50).astype(np.float32)}, P.PERSON: {"w": g.normal(0, 0.01, 50).astype(np.float32)}})
+    stats = density.site_gaussian(_gauss([0.0, 1.0], 20, 1), _gauss([0.0, 1.0], 10, 2), 0.2)
+    parts = {P.WEIGHTS_PART: DXO(DataKind.WEIGHT_DIFF, data=dict(diff), meta={FLMetaKey.NUM_STEPS_CURRENT_ROUND: 20}),
+             P.STATS_PART: DXO(DataKind.STATISTICS, data=dict(stats))}
+    return site_reply(parts, 20, {"own_or_global_dice": 0.5}, rnd=3), diff, stats
+
+
+def test_site_filters_see_each_part_and_the_server_parses_what_they_let_through():
+    from nvflare.apis.filter import ContentBlockedException
+    from nvflare.apis.fl_context import FLContext
+    from nvflare.app_common.filters.dxo_blocker import DXOBlocker
+    from nvflare.app_common.filters.percentile_privacy import PercentilePrivacy
+    from nvflare.app_common.utils.fl_model_utils import FLModelUtils
+
+    from medflare.fedsm.controller import parse_reply
+
+    reply, diff, stats = _train_reply()
+    with pytest.raises(ContentBlockedException, match="STATISTICS"):  # a scope can refuse the selector's statistics
+        DXOBlocker(data_kinds=["STATISTICS"]).process(reply, FLContext())
+    reply, diff, stats = _train_reply()
+    filtered = PercentilePrivacy(percentile=50, gamma=0.001, data_kinds=["WEIGHT_DIFF"]).process(reply, FLContext())
+    got = parse_reply("site-1", FLModelUtils.from_shareable(filtered), P.MAIN)
+    assert got.n == 20 and FLModelUtils.from_shareable(filtered).metrics == {"own_or_global_dice": 0.5}
+    w = got.diffs[P.GLOBAL]["w"]
+    assert np.count_nonzero(w) < len(w) and np.abs(w).max() <= 0.001 * 20 + 1e-7  # the filter (clip per case x 20 cases) acted ...
+    assert all(np.array_equal(got.stats[k], v) for k, v in stats.items())  # ... and left the statistics alone
+    with pytest.raises(PayloadError, match="site-1.*selector_head"):
+        parse_reply("site-1", FLModelUtils.from_shareable(filtered), P.EXTRA)

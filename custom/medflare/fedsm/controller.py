@@ -47,6 +47,23 @@ REPLY_HOLDS = {
 }
 
 
+def parse_reply(site: str, result: FLModel, phase: str) -> SiteReply:
+    """A site's COLLECTION result (as FLARE hands it to the server) as a :class:`SiteReply`; PayloadError names the site
+    and the missing part."""
+    parts = result.params if isinstance(result.params, Mapping) else {}
+
+    def part(name: str, kind: str) -> dict:
+        dxo = parts.get(name)
+        if not isinstance(dxo, DXO) or dxo.data_kind != kind:
+            raise PayloadError(f"site '{site}' sent no {kind} part '{name}' (parts: {sorted(parts)})")
+        return dxo.data
+
+    n = int(result.meta.get(FLMetaKey.NUM_STEPS_CURRENT_ROUND, 1))
+    if phase == P.EXTRA:
+        return SiteReply(n=n, head_step=part(P.HEAD_PART, DataKind.WEIGHT_DIFF))
+    return SiteReply(n=n, diffs=unflatten(part(P.WEIGHTS_PART, DataKind.WEIGHT_DIFF)), stats=part(P.STATS_PART, DataKind.STATISTICS))
+
+
 class FedSMController(SiteRounds):
     """FedSM: FedAvg global model, SoftPull personalised models, encoder-Gaussian selector; optional FedSM-extra.
 
@@ -135,21 +152,6 @@ class FedSMController(SiteRounds):
                 for site in state.sites}
 
     # ---- replies -----------------------------------------------------------------------------
-    def _parse(self, site: str, result: FLModel, phase: str) -> SiteReply:
-        """A site's COLLECTION reply as a :class:`SiteReply`; PayloadError names the site and the missing part."""
-        parts = result.params if isinstance(result.params, Mapping) else {}
-
-        def part(name: str, kind: str) -> dict:
-            dxo = parts.get(name)
-            if not isinstance(dxo, DXO) or dxo.data_kind != kind:
-                raise PayloadError(f"site '{site}' sent no {kind} part '{name}' (parts: {sorted(parts)})")
-            return dxo.data
-
-        n = int(result.meta.get(FLMetaKey.NUM_STEPS_CURRENT_ROUND, 1))
-        if phase == P.EXTRA:
-            return SiteReply(n=n, head_step=part(P.HEAD_PART, DataKind.WEIGHT_DIFF))
-        return SiteReply(n=n, diffs=unflatten(part(P.WEIGHTS_PART, DataKind.WEIGHT_DIFF)), stats=part(P.STATS_PART, DataKind.STATISTICS))
-
     def _scores(self, results: Mapping[str, FLModel], rnd: int) -> dict[str, float]:
         """Mean over sites of each score the sites reported (they describe the super model sent this round); logs the parts' sizes."""
         per_site = [r.metrics or {} for r in results.values()]
@@ -178,7 +180,7 @@ class FedSMController(SiteRounds):
                 return
             sent.meta["metrics"] = self._scores(results, rnd)
             self.publish(sent)  # a best-model save now records the scores as well
-            replies = {site: self._parse(site, res, phase) for site, res in results.items()}
+            replies = {site: parse_reply(site, res, phase) for site, res in results.items()}
 
             def combine(_results, replies=replies, phase=phase, rnd=rnd) -> FLModel:
                 aggregate_round(state, replies, phase, self.softpull_lambda)

@@ -39,7 +39,8 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from medflare import MedflareError, PayloadError
-from medflare.common.payload import check_finite, collection, flatten, load_numpy_state, nbytes, state_to_numpy, unflatten, weight_diff
+from medflare.common.payload import (check_finite, collection, flatten, load_numpy_state, nbytes, payload_bytes, state_to_numpy,
+                                    unflatten, weight_diff)
 from medflare.common.site_config import setting
 from medflare.common.site_executor import SiteExecutor, format_metrics
 from medflare.common.training import make_loss, make_optimizer, train_epochs
@@ -60,6 +61,15 @@ def _digest(params: Mapping[str, np.ndarray]) -> str:
         h.update(key.encode())
         h.update(np.ascontiguousarray(params[key]).tobytes())
     return h.hexdigest()
+
+
+def site_reply(parts: Mapping[str, DXO], n: int, metrics: Mapping[str, float], rnd: int) -> Shareable:
+    """A site's task result: a COLLECTION of ``parts`` (each its own data kind, so each meets the site's filters),
+    ``n`` training cases and the scores in the meta where FLARE's FedAvg puts them (``initial_metrics``)."""
+    meta = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: n, MetaKey.INITIAL_METRICS: dict(metrics)}
+    shareable = collection(parts, meta).to_shareable()
+    shareable.set_header(AppConstants.CURRENT_ROUND, rnd)
+    return shareable
 
 
 class FedSMExecutor(SiteExecutor):
@@ -112,11 +122,15 @@ class FedSMExecutor(SiteExecutor):
         load_numpy_state(self.global_model, models[P.GLOBAL], who="server (global)")
         load_numpy_state(self.selector, models[P.SELECT], who="server (selector)")
         idx = sites.index(self.site)
+        load_numpy_state(self.person_model, self._own(models, idx), who="server (personalised)")
+        return incoming, models, sites, idx
+
+    def _own(self, models: dict, idx: int) -> dict:
+        """This site's personalised model in a payload: under PERSON (main rounds) or person_<idx> (all-models payloads)."""
         own = models.get(P.PERSON, models.get(P.person_key(idx)))
         if own is None:
             raise PayloadError(f"the task data for '{self.site}' holds no personalised model for it")
-        load_numpy_state(self.person_model, own, who="server (personalised)")
-        return incoming, models, sites, idx
+        return own
 
     def _all_person(self, models: dict, sites: list[str], idx: int) -> list[torch.nn.Module] | None:
         """Every site's personalised model in site order (FedSM-extra and validate payloads), else None."""
@@ -135,7 +149,7 @@ class FedSMExecutor(SiteExecutor):
         """One pass over ``split``: every model and the selector per batch (see :mod:`medflare.fedsm.scoring`).
 
         Per-case scores of a model are reused while its weights do not change (FedSM-extra rounds)."""
-        nets = {P.GLOBAL: (self.global_model, models[P.GLOBAL]), P.PERSON: (self.person_model, models.get(P.PERSON, models.get(P.person_key(idx))))}
+        nets = {P.GLOBAL: (self.global_model, models[P.GLOBAL]), P.PERSON: (self.person_model, self._own(models, idx))}
         if persons is not None:
             nets.update({P.person_key(i): (net, models[P.person_key(i)]) for i, net in enumerate(persons) if i != idx})
         digests = {name: _digest(params) for name, (_, params) in nets.items()}
@@ -183,12 +197,11 @@ class FedSMExecutor(SiteExecutor):
         head = self.selector.head
         return head_gradient_step(head.weight.cpu(), head.bias.cpu(), inputs, torch.tensor(self._labels[1]))
 
-    @staticmethod
-    def _reply(parts: Mapping[str, DXO], n: int, metrics: Mapping[str, float], rnd: int) -> Shareable:
-        meta = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: n, MetaKey.INITIAL_METRICS: dict(metrics)}
-        shareable = collection(parts, meta).to_shareable()
-        shareable.set_header(AppConstants.CURRENT_ROUND, rnd)
-        return shareable
+    def _reply(self, fl_ctx: FLContext, parts: Mapping[str, DXO], n: int, metrics: Mapping[str, float], rnd: int) -> Shareable:
+        self.log_info(fl_ctx, f"round {rnd}: '{self.site}' replies with " + ", ".join(
+            f"{name} ({getattr(dxo.data_kind, 'value', dxo.data_kind)}, {payload_bytes(dxo)} B)" for name, dxo in parts.items())
+            + f" and {len(metrics)} scores in the meta")
+        return site_reply(parts, n, metrics, rnd)
 
     # ---- tasks -------------------------------------------------------------------------------
     def train(self, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
@@ -208,11 +221,11 @@ class FedSMExecutor(SiteExecutor):
             if persons is None:
                 raise PayloadError("a FedSM-extra round needs every site's personalised model in the task data")
             step = self._extra_step(fl_ctx, rnd, persons, models, sites, idx)
-            return self._reply({P.HEAD_PART: DXO(DataKind.WEIGHT_DIFF, data=step, meta={FLMetaKey.NUM_STEPS_CURRENT_ROUND: 1})}, n, metrics, rnd)
+            return self._reply(fl_ctx, {P.HEAD_PART: DXO(DataKind.WEIGHT_DIFF, data=step, meta={FLMetaKey.NUM_STEPS_CURRENT_ROUND: 1})}, n, metrics, rnd)
 
         stats = self._feature_stats(fl_ctx, rnd)  # with the received global model, before it trains
         train = self.cfg["train"]
-        sent = {P.GLOBAL: models[P.GLOBAL], P.PERSON: models.get(P.PERSON, models.get(P.person_key(idx)))}
+        sent = {P.GLOBAL: models[P.GLOBAL], P.PERSON: self._own(models, idx)}
         nets = {P.GLOBAL: (self.global_model, self.opt_global), P.PERSON: (self.person_model, self.opt_person)}
         losses = {}
         for name, (net, opt) in nets.items():
@@ -224,7 +237,7 @@ class FedSMExecutor(SiteExecutor):
         self.tracker.scalars(fl_ctx, losses, rnd)
         diff = flatten({name: weight_diff(state_to_numpy(nets[name][0]), sent[name]) for name in nets})
         check_finite(diff, self.site)
-        return self._reply({P.WEIGHTS_PART: DXO(DataKind.WEIGHT_DIFF, data=diff, meta={FLMetaKey.NUM_STEPS_CURRENT_ROUND: n}),
+        return self._reply(fl_ctx, {P.WEIGHTS_PART: DXO(DataKind.WEIGHT_DIFF, data=diff, meta={FLMetaKey.NUM_STEPS_CURRENT_ROUND: n}),
                             P.STATS_PART: DXO(DataKind.STATISTICS, data=stats)}, n, metrics, rnd)
 
     def score_only(self, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
@@ -236,4 +249,4 @@ class FedSMExecutor(SiteExecutor):
         metrics.update({f"test_{k}": v for k, v in self.score("test", models, idx, gamma, persons).items()})
         self.tracker.scalars(fl_ctx, metrics, rnd, prefix="final/")
         self.log_info(fl_ctx, f"final super model on '{self.site}': {format_metrics(metrics)}")
-        return self._reply({P.METRICS_PART: DXO(DataKind.METRICS, data=dict(metrics))}, len(self.data.train), metrics, rnd)
+        return self._reply(fl_ctx, {P.METRICS_PART: DXO(DataKind.METRICS, data=dict(metrics))}, len(self.data.train), metrics, rnd)

@@ -34,7 +34,7 @@ from medflare.fedsm import protocol as P
 from medflare.fedsm.aggregate import SiteReply, SuperState, aggregate_round
 from medflare.fedsm.extra import HeadAdam
 from medflare.fedsm.persistor import SuperModelPersistor
-from medflare.fedsm.selector import build_selector, selector_spec
+from medflare.fedsm.selector import build_selector, check_selector_args, selector_spec
 from medflare.fedsm.softpull import check_lambda
 from medflare.fedsm.supermodel import DEFAULT_GAMMA
 from medflare.presets import get_preset
@@ -111,7 +111,7 @@ class FedSMController(SiteRounds):
         if not isinstance(head_lr, (int, float)) or not head_lr > 0:
             raise ConfigError(f"FedSMController: 'head_lr' must be > 0, got {head_lr!r}")
         self.model_spec = get_preset(preset, overrides)["model"]
-        selector_spec(self.model_spec, ["check"], False, self.selector)  # unknown selector keys fail at construction
+        check_selector_args(self.selector)  # unknown keys fail when the job is loaded, not in round 0
 
     # ---- state -------------------------------------------------------------------------------
     def _init_state(self) -> SuperState:

@@ -196,11 +196,20 @@ def build_selector(spec: Mapping[str, Any]) -> EncoderGaussianSelector:
     return SELECTORS[name](**dict(spec.get("args", {})))
 
 
+#: the selector arguments a job sets (the rest come from the preset and the run)
+USER_ARGS = ("levels", "shrinkage")
+
+
+def check_selector_args(args: Mapping[str, Any]) -> dict[str, Any]:
+    """The job's ``selector`` knob as a dict; ConfigError names unknown keys."""
+    unknown = sorted(set(args) - set(USER_ARGS))
+    if unknown:
+        raise ConfigError(f"FedSM 'selector' has unknown keys {unknown} (known: {', '.join(USER_ARGS)})")
+    return dict(args)
+
+
 def selector_spec(model: Mapping[str, Any], sites: Sequence[str], global_class: bool, args: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The selector's ``{"name", "args"}`` for a run: the preset's network, the sites, FedSM-extra or not, user args."""
-    args = dict(args or {})
-    unknown = set(args) - {"levels", "shrinkage"}
-    if unknown:
-        raise ConfigError(f"FedSM 'selector' has unknown keys {sorted(unknown)} (known: levels, shrinkage)")
+    args = check_selector_args(args or {})
     return {"name": "encoder_gaussian",
             "args": {"model": dict(model), "num_sites": len(sites), "global_class": bool(global_class), **args}}

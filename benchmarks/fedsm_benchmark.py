@@ -1,19 +1,21 @@
-"""FedSM vs FedSM-extra vs the baselines on the synthetic non-IID sites; lambda and gamma sweeps; unseen site.
+"""FedSM on the synthetic non-IID sites: the paper's Table 3 layout, gamma and lambda sweeps, unseen sites (Table 5), traffic.
 
     python benchmarks/fedsm_benchmark.py [--sites 6] [--rounds 10] [--preset seg_synthetic]
-        [--parts fedsm,extra,lambda,unseen] [--lambdas 0.3,0.5,0.9] [--gammas 0,0.5,0.7,0.9,0.99,1]
-        [--baselines benchmarks/results/baselines/results.json | run] [--out benchmarks/results/fedsm]
+        [--parts fedsm,extra,lambda,unseen] [--lambdas 0.3,0.5,0.9] [--gammas 0,0.01,0.05,0.1,0.2,0.5,1]
+        [--extra-rounds 10] [--held-out site-6] [--baselines fedavg,central | none | FILE.json]
+        [--out benchmarks/results/fedsm]
 
 Parts (each one or more FLARE simulator runs of jobs/fedsm as shipped, only preset, rounds, lambda and
 extra_rounds changed):
-    fedsm    FedSM (lambda 0.7), its super model scored on every site's test split at every gamma
-             (gamma sweep; gamma 1 = the global model alone); also the personalised models alone
-    extra    FedSM-extra (one extra round: K+1 selector head from Eq. 1 labels, routed by argmax)
+    fedsm    FedSM (lambda 0.7): its super model on every site's test split at every gamma (gamma 1 = the global
+             model alone), each personalised model on its own site, the selector's site identification, and the
+             bytes each site sent and received per round, by part and data kind
+    extra    FedSM-extra (--extra-rounds rounds of the selector head on Eq. 1 labels), at the job's gamma and at 0
     lambda   FedSM at each --lambdas value (paper Table 7; 0.7 comes from the fedsm part)
-    unseen   FedSM trained without the last site, evaluated on it at every gamma: Dice and how often each
-             model was selected (paper Table 5)
-Baseline rows (FedAvg, FedProx, SCAFFOLD, local, central) are read from compare_baselines.py's
-results.json when the setting is its default (seg_synthetic, 6 sites, 10 rounds) or, with ``--baselines run``, recomputed with its functions.
+    unseen   for each --held-out site: FedSM trained without it, evaluated on it at every gamma (Dice and how often
+             each model was chosen: paper Table 5), next to the seen sites at the job's gamma
+Baseline rows: ``--baselines`` lists methods of compare_baselines.py to run now (fedavg, fedprox, scaffold, local,
+central), or names its results.json to reuse (same setting), or ``none``.
 Writes table.md, results.json and curves.png to --out.
 """
 
@@ -21,36 +23,70 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_baselines import FL_JOBS, plot_curves, run_fl, run_standalone_row, score_sites  # noqa: E402
 
-from medflare.testing.jobconfig import customize_job  # noqa: E402
 from medflare.common.report import markdown_table  # noqa: E402
-from medflare.testing.simrun import run_simulator  # noqa: E402
+from medflare.common.training import make_loader  # noqa: E402
+from medflare.data import load_site  # noqa: E402
 from medflare.fedsm.routing import selection_frequency  # noqa: E402
-from medflare.fedsm.supermodel import SUPER_MODEL_FILE, load_super_model  # noqa: E402
+from medflare.fedsm.supermodel import DEFAULT_GAMMA, SUPER_MODEL_FILE, load_super_model  # noqa: E402
 from medflare.presets import get_preset  # noqa: E402
+from medflare.testing.jobconfig import customize_job  # noqa: E402
+from medflare.testing.simrun import run_simulator  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def run_fedsm(name: str, sites: list[str], rounds: int, preset: str, work: Path, lam: float = 0.7, extra_rounds: int = 0):
-    """Run jobs/fedsm on ``sites``; returns (super model, validation super-Dice curve, seconds)."""
+    """Run jobs/fedsm on ``sites``; returns (super model, validation curve, seconds, traffic of the first site)."""
     folder = customize_job(REPO / "jobs" / "fedsm", work / name, preset=preset,
                            workflow_args={"num_rounds": rounds, "softpull_lambda": lam, "extra_rounds": extra_rounds})
-    run = run_simulator(folder, work / f"ws_{name}", len(sites), clients=sites, timeout=3600)
+    run = run_simulator(folder, work / f"ws_{name}", len(sites), clients=sites, timeout=7200)
     model_file = run.app_server / SUPER_MODEL_FILE
     if run.returncode != 0 or not model_file.is_file():
         raise RuntimeError(f"{name} failed:\n{run.log[-3000:]}")
     scalars = run.scalars()
+    key = get_preset(preset)["eval"]["key_metric"]
     # Sites score what they receive, so round r's value is that of r completed rounds (r = 0: initial models).
-    curve = [sum(dict(scalars[s]["val/super_dice"]).get(r, float("nan")) for s in sites) / len(sites) for r in range(rounds)]
-    return load_super_model(model_file), curve, run.seconds
+    curve = [sum(dict(scalars[s][f"val/own_or_global_{key}"]).get(r, float("nan")) for s in sites) / len(sites) for r in range(rounds + extra_rounds)]
+    return load_super_model(model_file), curve, run.seconds, traffic(run.log, sites[0])
+
+
+def traffic(log: str, site: str) -> dict[str, Any]:
+    """Bytes ``site`` received and sent in each round (the controller's log lines) and its reply's parts by kind."""
+    rounds: dict[int, dict[str, Any]] = {}
+    # the server's line: "round R TASK: SITE sent <bytes to the site> B, received <bytes from the site> B"
+    for rnd, task, to_site, from_site in re.findall(rf"round (\d+) (\w+): {re.escape(site)} sent (\d+) B, received (\d+) B", log):
+        rounds[int(rnd)] = {"task": task, "server_to_site": int(to_site), "site_to_server": int(from_site)}
+    for rnd, parts in re.findall(rf"round (\d+): {re.escape(site)} sent ((?:\w+ \w+ \d+ B(?:, )?)+)", log):
+        rounds.setdefault(int(rnd), {})["parts"] = {name: {"kind": kind, "bytes": int(b)} for name, kind, b in re.findall(r"(\w+) (\w+) (\d+) B", parts)}
+    return rounds
+
+
+@torch.no_grad()
+def site_identification(sm, sites: list[str], preset: str) -> dict[str, float]:
+    """Share of each seen site's test cases whose most typical site (the selector's argmax) is that site."""
+    cfg = get_preset(preset)
+    out = {}
+    for site in sites:
+        if site not in sm.sites:
+            continue
+        d = load_site(site, cfg["data"])
+        hits = total = 0
+        for batch in make_loader(d.test, cfg["train"]["batch_size"], False):
+            hits += int((sm.selector(batch["image"]).argmax(1) == sm.sites.index(site)).sum())
+            total += batch["image"].shape[0]
+        out[site] = hits / max(total, 1)
+    return out
 
 
 def super_rows(sm, sites: list[str], preset: str, gammas: list[float]) -> dict[str, dict[str, Any]]:
@@ -60,7 +96,6 @@ def super_rows(sm, sites: list[str], preset: str, gammas: list[float]) -> dict[s
         table = score_sites(None, sites, preset, predict=sm.predictor(gamma))
         table["selection"] = {s: selection_frequency(c, sm.sites) for s, c in table.pop("choices").items()}
         rows[f"gamma {gamma}"] = table
-    # Each site's own personalised model on its own test split (gamma 0 with a perfect selector).
     own = {s: score_sites(sm.person_models[sm.sites.index(s)], [s], preset) for s in sites if s in sm.sites}
     if own:
         rows["personalised (own)"] = {
@@ -71,13 +106,21 @@ def super_rows(sm, sites: list[str], preset: str, gammas: list[float]) -> dict[s
     return rows
 
 
-def selection_md(rows: dict[str, dict[str, Any]], site: str) -> str:
+def selection_md(rows: dict[str, dict[str, Any]], site: str, key: str) -> str:
     cols = list(next(iter(rows.values()))["selection"][site])
-    lines = ["| gamma | Dice | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 2)]
+    lines = [f"| gamma | {key} | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 2)]
     for name, t in rows.items():
         if "selection" in t:
             f = t["selection"][site]
-            lines.append(f"| {name.split()[-1]} | {100 * t['sites'][site]['dice']:.2f} | " + " | ".join(f"{100 * f[c]:.1f}" for c in cols) + " |")
+            lines.append(f"| {name.split()[-1]} | {100 * t['sites'][site][key]:.2f} | " + " | ".join(f"{100 * f[c]:.1f}" for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def traffic_md(rounds: dict[int, dict[str, Any]]) -> str:
+    lines = ["| round | task | server -> site (B) | site -> server (B) | parts of the reply (kind, B) |", "|---|---|---|---|---|"]
+    for r, t in sorted(rounds.items()):
+        parts = ", ".join(f"{n}: {p['kind']} {p['bytes']:,}" for n, p in t.get("parts", {}).items())
+        lines.append(f"| {r} | {t.get('task', '')} | {t.get('server_to_site', 0):,} | {t.get('site_to_server', 0):,} | {parts} |")
     return "\n".join(lines)
 
 
@@ -88,9 +131,10 @@ def main(argv=None) -> int:
     p.add_argument("--preset", default="seg_synthetic")
     p.add_argument("--parts", default="fedsm,extra,lambda,unseen")
     p.add_argument("--lambdas", default="0.3,0.5,0.9")
-    p.add_argument("--gammas", default="0,0.5,0.7,0.9,0.99,1")
-    p.add_argument("--baselines", default=str(REPO / "benchmarks" / "results" / "baselines" / "results.json"),
-                   help="compare_baselines.py results.json to reuse, or 'run' to recompute")
+    p.add_argument("--gammas", default="0,0.01,0.05,0.1,0.2,0.5,1")
+    p.add_argument("--extra-rounds", type=int, default=10)
+    p.add_argument("--held-out", default="", help="comma-separated sites for the unseen part (default: the last site)")
+    p.add_argument("--baselines", default="none", help="methods to run (fedavg,fedprox,scaffold,local,central), a results.json, or none")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fedsm"))
     args = p.parse_args(argv)
     sites = [f"site-{i}" for i in range(1, args.sites + 1)]
@@ -99,57 +143,80 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     key = get_preset(args.preset)["eval"]["key_metric"]
-    results: dict[str, Any] = {"rows": {}, "sweeps": {}, "seconds": {}}
+    results: dict[str, Any] = {"rows": {}, "sweeps": {}, "seconds": {}, "traffic": {}, "identification": {}}
     rows = results["rows"]
     log = lambda m: print(m, flush=True)  # noqa: E731
+    job_gamma = f"gamma {DEFAULT_GAMMA}"
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if "fedsm" in parts:
-            sm, curve, sec = run_fedsm("fedsm", sites, args.rounds, args.preset, work)
-            sweep = super_rows(sm, sites, args.preset, gammas)
+            sm, curve, sec, traf = run_fedsm("fedsm", sites, args.rounds, args.preset, work)
+            sweep = super_rows(sm, sites, args.preset, sorted(set(gammas) | {DEFAULT_GAMMA}))
             results["sweeps"]["gamma"] = sweep
-            rows["FedSM (gamma 0.9)"] = {**sweep.get("gamma 0.9", next(iter(sweep.values()))), "curve": curve,
-                                          "curve_x": list(range(len(curve))), "seconds": sec}
-            rows["FedSM personalised (own)"] = sweep["personalised (own)"]
-            rows["FedSM global model"] = sweep.get("gamma 1.0", {})
-            log(f"fedsm: {sec:.0f} s, super client average {rows['FedSM (gamma 0.9)']['client_average']}")
+            results["traffic"]["fedsm"] = traf
+            results["identification"]["fedsm"] = site_identification(sm, sites, args.preset)
+            rows[f"FedSM (lambda 0.7, {job_gamma})"] = {**sweep[job_gamma], "curve": curve, "curve_x": list(range(len(curve))), "seconds": sec}
+            rows["FedSM personalised, each site its own"] = sweep["personalised (own)"]
+            rows["FedSM global model (gamma 1)"] = sweep.get("gamma 1.0", {})
+            log(f"fedsm: {sec:.0f} s, super client average {rows[f'FedSM (lambda 0.7, {job_gamma})']['client_average']}")
         if "extra" in parts:
-            sm, curve, sec = run_fedsm("fedsm_extra", sites, args.rounds, args.preset, work, extra_rounds=1)
-            table = super_rows(sm, sites, args.preset, [0.0])["gamma 0.0"]  # FedSM-extra routes by argmax
-            rows["FedSM-extra"] = {**table, "curve": curve, "curve_x": list(range(len(curve))), "seconds": sec}
-            log(f"fedsm-extra: {sec:.0f} s, client average {table['client_average']}")
+            sm, curve, sec, traf = run_fedsm("fedsm_extra", sites, args.rounds, args.preset, work, extra_rounds=args.extra_rounds)
+            table = super_rows(sm, sites, args.preset, [DEFAULT_GAMMA, 0.0])
+            results["traffic"]["fedsm_extra"] = traf
+            rows[f"FedSM-extra ({args.extra_rounds} head rounds, {job_gamma})"] = {**table[job_gamma], "curve": curve, "curve_x": list(range(len(curve))), "seconds": sec}
+            rows[f"FedSM-extra ({args.extra_rounds} head rounds, gamma 0)"] = table["gamma 0.0"]
+            log(f"fedsm-extra: {sec:.0f} s, client average {table[job_gamma]['client_average']}")
         if "lambda" in parts:
             for lam in [float(x) for x in args.lambdas.split(",")]:
-                sm, curve, sec = run_fedsm(f"fedsm_lam{lam}", sites, args.rounds, args.preset, work, lam=lam)
-                results["sweeps"].setdefault("lambda", {})[lam] = {**super_rows(sm, sites, args.preset, [0.9])["gamma 0.9"], "seconds": sec}
+                sm, curve, sec, _ = run_fedsm(f"fedsm_lam{lam}", sites, args.rounds, args.preset, work, lam=lam)
+                results["sweeps"].setdefault("lambda", {})[lam] = {**super_rows(sm, sites, args.preset, [DEFAULT_GAMMA])[job_gamma], "seconds": sec}
                 log(f"lambda {lam}: {sec:.0f} s, client average {results['sweeps']['lambda'][lam]['client_average']}")
         if "unseen" in parts:
-            held_out, train_sites = sites[-1], sites[:-1]
-            sm, _, sec = run_fedsm("fedsm_unseen", train_sites, args.rounds, args.preset, work)
-            results["sweeps"]["unseen"] = {"site": held_out, **super_rows(sm, [held_out], args.preset, gammas)}
-            results["sweeps"]["unseen"].pop("personalised (own)", None)
-            log(f"unseen {held_out}: {sec:.0f} s")
+            for held_out in (args.held_out.split(",") if args.held_out else [sites[-1]]):
+                train_sites = [s for s in sites if s != held_out]
+                sm, _, sec, _ = run_fedsm(f"fedsm_without_{held_out}", train_sites, args.rounds, args.preset, work)
+                sweep = super_rows(sm, [held_out], args.preset, gammas)
+                sweep.pop("personalised (own)", None)
+                seen = super_rows(sm, train_sites, args.preset, [DEFAULT_GAMMA, 1.0])
+                results["sweeps"].setdefault("unseen", {})[held_out] = {"sweep": sweep, "seen": seen, "seconds": sec,
+                                                                          "identification": site_identification(sm, train_sites, args.preset)}
+                log(f"unseen {held_out}: {sec:.0f} s")
 
-        if args.baselines == "run":
-            for method in ("fedavg", "fedprox", "scaffold", "local", "central"):
-                rows[method] = (run_fl(method, sites, args.rounds, args.preset, work) if method in FL_JOBS
-                                else run_standalone_row(method, sites, args.rounds, args.preset))
-        elif Path(args.baselines).is_file() and (args.sites, args.rounds, args.preset) == (6, 10, "seg_synthetic"):
-            rows.update(json.loads(Path(args.baselines).read_text()))  # compare_baselines.py's defaults: same setting
+        if args.baselines not in ("", "none"):
+            if Path(args.baselines).is_file():
+                rows.update(json.loads(Path(args.baselines).read_text()))
+            else:
+                for method in args.baselines.split(","):
+                    rows[method] = (run_fl(method, sites, args.rounds, args.preset, work) if method in FL_JOBS
+                                    else run_standalone_row(method, sites, args.rounds, args.preset))
+                    log(f"{method}: client average {rows[method]['client_average']}")
 
     md = [f"Test {key} (x100), {args.sites} synthetic sites, {args.rounds} rounds, preset {args.preset}", "",
           markdown_table({k: v for k, v in rows.items() if v}, metric=key)]
     if "gamma" in results["sweeps"]:
         md += ["", "Gamma sweep of the FedSM super model (gamma 1 = global model only):", "",
-               markdown_table({k: v for k, v in results["sweeps"]["gamma"].items() if k.startswith("gamma")}, metric=key)]
+               markdown_table({k: v for k, v in results["sweeps"]["gamma"].items() if k.startswith("gamma")}, metric=key),
+               "", "Share of each site's test cases sent to its own personalised model, per gamma (%):", ""]
+        md += ["| gamma | " + " | ".join(sites) + " |", "|" + "---|" * (len(sites) + 1)]
+        for name, t in results["sweeps"]["gamma"].items():
+            if "selection" in t:
+                md.append(f"| {name.split()[-1]} | " + " | ".join(f"{100 * t['selection'][s][s]:.1f}" for s in sites) + " |")
+        ident = results["identification"]["fedsm"]
+        md += ["", "Selector site identification on the test splits (argmax typicality = own site, %): "
+               + ", ".join(f"{s} {100 * v:.1f}" for s, v in ident.items())]
+    for name, traf in results["traffic"].items():
+        md += ["", f"Bytes {sites[0]} exchanged per round ({name}; arrays only, before serialisation):", "", traffic_md(traf)]
     if "lambda" in results["sweeps"]:
-        md += ["", "Lambda sweep (super model, gamma 0.9):", "",
+        md += ["", f"Lambda sweep (super model, {job_gamma}):", "",
                markdown_table({f"lambda {k}": v for k, v in results["sweeps"]["lambda"].items()}, metric=key)]
-    if "unseen" in results["sweeps"]:
-        u = results["sweeps"]["unseen"]
-        md += ["", f"Unseen site {u['site']} (trained without it): test Dice and selection frequency (%) per gamma:", "",
-               selection_md({k: v for k, v in u.items() if k.startswith("gamma")}, u["site"])]
+    for held_out, u in results["sweeps"].get("unseen", {}).items():
+        md += ["", f"Unseen site {held_out} (trained without it): test {key} and selection frequency (%) per gamma:", "",
+               selection_md(u["sweep"], held_out, key),
+               "", f"The seen sites of that run at {job_gamma} and gamma 1 (global model):", "",
+               markdown_table({k: v for k, v in u["seen"].items() if k.startswith("gamma")}, metric=key),
+               "", "Own-model share of the seen sites at the job's gamma (%): "
+               + ", ".join(f"{s} {100 * u['seen'][job_gamma]['selection'][s][s]:.1f}" for s in u["seen"][job_gamma]["selection"])]
     (out / "table.md").write_text("\n".join(md) + "\n")
     (out / "results.json").write_text(json.dumps(results, indent=2, default=float))
     curves = {k: v for k, v in rows.items() if v.get("curve")}

@@ -1,86 +1,123 @@
-"""The FedSM job in the FLARE simulator: the selector identifies sites, the super model is at least as good as
-the global model, the persisted super model reloads and `medflare evaluate` scores it; PercentilePrivacy on.
+"""The FedSM job in the FLARE simulator: what FedSM promises, FLARE's own widgets watching it, and site privacy scopes.
 
-FLARE can exit 0 after a client crashed, so every check is on artifacts (super model files, TensorBoard).
+- FedSM learns: the personalised models differ from the global model and beat it on their own sites' test data,
+  the super model beats the global model on the seen sites, and on sites never seen in training most cases fall
+  back to the global model, so there the super model is not worse than it;
+- FLARE's stock ``IntimeModelSelector`` picks the best super model from the rounds' scores and the persistor
+  saves it on ``GLOBAL_BEST_MODEL_AVAILABLE``; round events as FLARE's FedAvg fires them;
+- a site's own privacy scope applied to every task, as FLARE applies it (``privacy.json`` in the workspace's
+  ``local/``, ``"scope"`` in meta.json), with FedSM-extra on: ``strict`` runs (PercentilePrivacy on the weight
+  updates and the head steps; the feature statistics noised by the site's own ``medflare_site.json``);
+  ``no_weights`` ends the job with a PrivacyError naming the scope and what the reply holds.
+
+FLARE can exit 0 after a client crashed, so every check is on artifacts (super model files, logs, TensorBoard).
 """
 
 import json
 
+import numpy as np
 import pytest
 
 from medflare.cli import main as medflare_main
+from medflare.common.payload import state_to_numpy
+from medflare.fedsm import protocol as P
+from medflare.fedsm.supermodel import BEST_SUPER_MODEL_FILE, SUPER_MODEL_FILE, load_super_model
 from medflare.testing.jobconfig import customize_job
 from medflare.testing.simrun import run_simulator
-from medflare.fedsm.supermodel import BEST_SUPER_MODEL_FILE, SUPER_MODEL_FILE, load_super_model
 
 pytestmark = pytest.mark.slow
 
 CLIENTS = ["site-1", "site-2", "site-3"]
-ROUNDS = 3
-
-
-def _run(repo, tmp_path, name, rounds=ROUNDS, executor_args=None, **kwargs):
-    folder = customize_job(
-        repo / "jobs" / "fedsm", tmp_path / name, preset="seg_synthetic_tiny",
-        workflow_args={"num_rounds": rounds}, executor_args={"overlay_every": 10, **(executor_args or {})}, **kwargs,
-    )
-    run = run_simulator(folder, tmp_path / f"ws_{name}", len(CLIENTS), clients=CLIENTS, timeout=600)
-    assert run.returncode == 0, run.log[-4000:]
-    assert "EXECUTION_EXCEPTION" not in run.log, run.log[-4000:]
-    assert (run.app_server / SUPER_MODEL_FILE).is_file(), run.log[-4000:]
-    return run
-
-
-def _evaluate(model_file, sites, gamma, out):
-    args = ["evaluate", "--model", str(model_file), "--sites", ",".join(sites), "--gamma", str(gamma), "--out", str(out)]
-    assert medflare_main(args) == 0
-    return json.loads(out.read_text())["evaluations"][0]
-
-
+UNSEEN = ["site-4", "site-5"]  # families no training site has (noisy-small, dark-biased)
 RECORDER = {"id": "recorder", "path": "medflare.testing.widgets.EventRecorder", "args": {}}
 
 
-def test_fedsm_selector_learns_and_super_model_beats_global(repo, tmp_path):
-    run = _run(repo, tmp_path, "fedsm", server_components=[RECORDER])
-    # FLARE's round events, with the round in the FL context, as FLARE's FedAvg fires them
+def _run(repo, tmp_path, name, rounds, *, workflow_args=None, local_files=None, scope=None, expect_ok=True, **kwargs):
+    folder = customize_job(repo / "jobs" / "fedsm", tmp_path / name, preset="seg_synthetic_tiny",
+                           workflow_args={"num_rounds": rounds, **(workflow_args or {})}, executor_args={"overlay_every": 10}, **kwargs)
+    if scope:
+        meta = json.loads((folder / "meta.json").read_text())
+        (folder / "meta.json").write_text(json.dumps({**meta, "scope": scope}))
+    run = run_simulator(folder, tmp_path / f"ws_{name}", len(CLIENTS), clients=CLIENTS, timeout=600, local_files=local_files)
+    if expect_ok:
+        assert run.returncode == 0, run.log[-4000:]
+        assert "EXECUTION_EXCEPTION" not in run.log and "Traceback" not in run.log, run.log[-4000:]
+        assert (run.app_server / SUPER_MODEL_FILE).is_file(), run.log[-4000:]
+    return run
+
+
+def _evaluate(model_file, sites, gammas, out):
+    args = ["evaluate", "--model", str(model_file), "--sites", ",".join(sites), "--gamma", ",".join(map(str, gammas)), "--out", str(out)]
+    assert medflare_main(args) == 0
+    return json.loads(out.read_text())["evaluations"]
+
+
+def _privacy(repo):
+    return json.loads((repo / "app_configs" / "site" / "local" / "privacy.json").read_text())
+
+
+def test_fedsm_learns_and_flare_picks_the_best_super_model(repo, tmp_path):
+    rounds = 6
+    run = _run(repo, tmp_path, "fedsm", rounds, server_components=[RECORDER])
     events = [json.loads(line) for line in (run.server_dir / "events.jsonl").read_text().splitlines()]
+    # FLARE's round events with the round in the FL context; the last round validates the final super model
     for name in ("_round_started", "_before_aggregation", "_after_aggregation"):
-        rounds = [e["round"] for e in events if e["event"].endswith(name)]
-        assert rounds == list(range(ROUNDS)), (name, rounds)
-    assert all(e["has_result"] for e in events if e["event"].endswith("_after_aggregation"))
+        assert [e["round"] for e in events if e["event"].endswith(name)] == list(range(rounds + 1)), name
+    # the stock IntimeModelSelector judged the rounds (not round 0: initial models) and the persistor saved the best
+    best_rounds = [e["round"] for e in events if e["event"].endswith("_global_best_model_available")]
+    assert best_rounds and 0 not in best_rounds, best_rounds
+    best = load_super_model(run.app_server / BEST_SUPER_MODEL_FILE)
+    assert best.info["round"] == best_rounds[-1]
     scalars = run.scalars()
-    assert sorted(scalars) == CLIENTS
-    for site, series in scalars.items():
-        acc = dict(series["val/selector_acc"])
-        # round 0 uses the uncalibrated head; from round 1 on the server's calibrated one
-        assert acc[ROUNDS - 1] > 0.6, f"{site}: selector accuracy {acc}"
-        assert {"val/global_dice", "val/person_dice", "val/super_dice"} <= set(series)
-    # test splits of the tiny preset hold a handful of cases: judge the mean over sites
-    test_acc = [dict(scalars[s]["final/test_selector_acc"])[ROUNDS] for s in CLIENTS]
-    assert sum(test_acc) / len(test_acc) > 0.6, test_acc
-    assert (run.app_server / BEST_SUPER_MODEL_FILE).is_file()
+    # the mean over sites of the key metric per round (the final model's from the validation round)
+    means = {r: float(np.mean([dict(scalars[s][("final/" if r == rounds else "val/") + "own_or_global_dice"]).get(r) for s in CLIENTS]))
+             for r in range(1, rounds + 1)}
+    assert best.info["metrics"]["own_or_global_dice"] == pytest.approx(max(means.values()), abs=1e-6), means
 
     sm = load_super_model(run.app_server / SUPER_MODEL_FILE)  # reloads with torch.load(weights_only=True)
-    assert sm.sites == CLIENTS and len(sm.person_models) == len(CLIENTS) and sm.info["round"] == ROUNDS
-    # gamma 1 routes every case to the global model: the global model's test Dice, scored the same way
-    glob = _evaluate(run.app_server / SUPER_MODEL_FILE, CLIENTS, 1.0, tmp_path / "g.json")
-    sup = _evaluate(run.app_server / SUPER_MODEL_FILE, CLIENTS, 0.9, tmp_path / "s.json")
-    assert all(glob["sites"][s]["report"]["GM"] == 1.0 for s in CLIENTS)
-    own = [sup["sites"][s]["report"][s] for s in CLIENTS]
-    assert sum(own) / len(own) > 0.6, f"selection of the site's own model: {own}"
-    assert sup["client_average"]["dice"] >= glob["client_average"]["dice"] - 0.01, (sup["client_average"], glob["client_average"])
+    assert sm.sites == CLIENTS and sm.info["round"] == rounds
+    glob = state_to_numpy(sm.global_model)
+    for i, site in enumerate(CLIENTS):
+        person = state_to_numpy(sm.person_models[i])
+        assert sum(float(np.abs(person[k] - glob[k]).sum()) for k in glob) > 1.0, f"{site}'s personalised model equals the global one"
+    # the sites' own scores of the final models on their test splits: personalised beat global on their own data
+    final = {s: {k: dict(v)[rounds] for k, v in series.items() if k.startswith("final/test_")} for s, series in scalars.items()}
+    person = np.mean([final[s]["final/test_person_dice"] for s in CLIENTS])
+    global_ = np.mean([final[s]["final/test_global_dice"] for s in CLIENTS])
+    assert person > global_ + 0.03, final
+    assert np.mean([final[s]["final/test_selector_acc"] for s in CLIENTS]) > 0.8, final
+
+    # `medflare evaluate` on the saved file: the super model at the job's gamma vs gamma 1 (= the global model alone)
+    sup, alone = _evaluate(run.app_server / SUPER_MODEL_FILE, CLIENTS + UNSEEN, [sm.info["gamma"], 1.0], tmp_path / "e.json")
+    assert all(alone["sites"][s]["report"]["GM"] == 1.0 for s in CLIENTS + UNSEEN)
+    seen_sup = np.mean([sup["sites"][s]["mean"]["dice"] for s in CLIENTS])
+    seen_glob = np.mean([alone["sites"][s]["mean"]["dice"] for s in CLIENTS])
+    assert seen_sup > seen_glob + 0.03, (seen_sup, seen_glob)
+    for s in UNSEEN:  # never trained on: most cases back to the global model, never worse than it (within noise)
+        assert sup["sites"][s]["report"]["GM"] >= 0.5, (s, sup["sites"][s]["report"])
+        assert sup["sites"][s]["mean"]["dice"] >= alone["sites"][s]["mean"]["dice"] - 0.02, s
 
 
-def test_fedsm_with_percentile_privacy_and_noised_statistics(repo, tmp_path):
-    flt = {"path": "nvflare.app_common.filters.percentile_privacy.PercentilePrivacy", "args": {"percentile": 10, "gamma": 0.01}}
-    # and the sites' own noise on the feature statistics (stats_noise), the selector's protection
-    run = _run(repo, tmp_path, "fedsm_privacy", rounds=2, executor_args={"stats_noise": 0.01},
-               task_result_filters=[{"tasks": ["train"], "filters": [flt]}])
-    # the controller logs each result's filter history; the filter logs the cut-off it applied to the diffs
-    assert run.log.count("result filters ['PercentilePrivacy']") >= 2 * len(CLIENTS), run.log[-4000:]
-    assert "Max abs delta_w" in run.log
+def test_fedsm_extra_under_the_sites_strict_scope_with_their_own_statistics_noise(repo, tmp_path):
+    local = {"privacy.json": _privacy(repo), "medflare_site.json": {"privacy": {"fedsm_stats_noise": 0.1}}}
+    run = _run(repo, tmp_path, "strict", 2, workflow_args={"extra_rounds": 2}, local_files=local, scope="strict")
+    # FLARE applied the site's scope to every reply: the filter saw the weight updates and the head steps, not the statistics
+    main, extra = f"result filters {{'{P.WEIGHTS_PART}': ['PercentilePrivacy']}}", f"result filters {{'{P.HEAD_PART}': ['PercentilePrivacy']}}"
+    assert run.log.count(main) == 2 * len(CLIENTS) and run.log.count(extra) == 2 * len(CLIENTS), run.log[-4000:]
+    assert run.log.count("noise 0.1 x feature std ('fedsm_stats_noise' of local/medflare_site.json)") == 2 * len(CLIENTS)
+    assert f"{P.STATS_PART} STATISTICS" in run.log and "Max abs delta_w" in run.log
     sm = load_super_model(run.app_server / SUPER_MODEL_FILE)
-    assert sm.info["round"] == 2 and sm.sites == CLIENTS
-    # the feature statistics travel in the meta, which the filter leaves alone: the selector is still calibrated
-    acc = [dict(series["final/selector_acc"])[2] for series in run.scalars().values()]
-    assert sum(acc) / len(acc) > 0.6, acc
+    assert sm.info["round"] == 4 and sm.selector.global_class and float(sm.selector.head_trained) == 1.0
+    assert float(sm.selector.present.sum()) == len(CLIENTS) and float(np.abs(state_to_numpy(sm.selector)["head.weight"]).sum()) > 0
+    # every site scored the final super model exactly (all personalised models), after the head was trained
+    finals = [dict(series["final/super_dice"])[4] for series in run.scalars().values()]
+    assert len(finals) == len(CLIENTS) and all(0 < f <= 1 for f in finals)
+
+
+def test_fedsm_under_the_no_weights_scope_ends_with_a_privacy_error_naming_the_scope(repo, tmp_path):
+    run = _run(repo, tmp_path, "no_weights", 2, workflow_args={"extra_rounds": 1}, local_files={"privacy.json": _privacy(repo)},
+               scope="no_weights", expect_ok=False)
+    assert "DXO kind DataKind.WEIGHT_DIFF is blocked" in run.log  # the site's DXOBlocker refused the reply
+    assert ("PrivacyError: round 0 task 'train': the privacy scope 'no_weights' (the job's meta.json) of "
+            f"{CLIENTS} refused to send the reply, which holds WEIGHT_DIFF") in run.log, run.log[-4000:]
+    assert "round 0: mean over sites" not in run.log  # nothing was aggregated

@@ -27,6 +27,7 @@ from medflare.cli import main as medflare_main
 from medflare.common.results import load_result, read_checkpoint
 from medflare.testing.jobconfig import customize_job
 from medflare.common.persistence import model_from_preset
+from medflare.fedsm.supermodel import BEST_SUPER_MODEL_FILE, SUPER_MODEL_FILE
 from medflare.testing.simrun import read_scalars
 
 pytestmark = [pytest.mark.slow, pytest.mark.poc, pytest.mark.timeout(900)]
@@ -100,11 +101,6 @@ def _job(fed, src: str, name: str, *, rounds=ROUNDS, sites=None, scope=None, byo
     return job
 
 
-def _has_fedsm() -> bool:
-    """jobs/fedsm and the medflare.fedsm package both present (the POC test picks FedSM up when it lands)."""
-    return (REPO / "jobs" / "fedsm" / "meta.json").is_file() and importlib.util.find_spec("medflare.fedsm") is not None
-
-
 @pytest.fixture(scope="module")
 def jobs(fed):
     """Submit every job of the module now; {name: job_id}. The refused ones first (they end at once)."""
@@ -117,9 +113,8 @@ def jobs(fed):
         "fedavg": dict(src="fedavg"),
         "plain_1site": dict(src="fedavg", rounds=1, sites=[site]),
         "strict_1site": dict(src="fedavg", rounds=1, sites=[site], scope="strict"),
+        "fedsm": dict(src="fedsm"),  # a checkout without jobs/fedsm or medflare.fedsm fails here, it does not skip
     }
-    if _has_fedsm():
-        specs["fedsm"] = dict(src="fedsm")
     sess = fed.session()
     ids = {}
     try:
@@ -299,7 +294,6 @@ def test_strict_scope_filters_what_the_server_aggregates(fed, jobs, sess):
           f"{close:.4f} match PercentilePrivacy exactly")
 
 
-@pytest.mark.skipif(not _has_fedsm(), reason="jobs/fedsm or medflare.fedsm is not in this checkout")
 def test_fedsm_through_the_admin_api(fed, jobs, sess, tmp_path):
     job_id = jobs["fedsm"]
     meta = _wait(sess, job_id)
@@ -309,7 +303,5 @@ def test_fedsm_through_the_admin_api(fed, jobs, sess, tmp_path):
     assert saved, f"FedSM saved no model in {ws / 'app_server'}"
     scalars = read_scalars(ws / "tb_events")
     assert set(scalars) >= set(fed.sites), scalars.keys()
-    from medflare.fedsm.supermodel import SUPER_MODEL_FILE
-
-    assert SUPER_MODEL_FILE in saved, saved
+    assert SUPER_MODEL_FILE in saved and BEST_SUPER_MODEL_FILE in saved, saved
     _evaluate(fed, ws / "app_server" / SUPER_MODEL_FILE, tmp_path / "eval.json")

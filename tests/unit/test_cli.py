@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from medflare.cli import main
-from medflare.common.payload import state_to_numpy
 from medflare.common.persistence import model_from_preset
 from medflare.common.results import describe
 from medflare.common.training import make_loader
@@ -161,22 +160,18 @@ def test_local_and_central_baselines_learn(tmp_path):
 
 # ---- a registered kind other than "model": the FedSM super model ------------------------------
 def _super_model(path, sites=("site-1", "site-2")):
-    """Global and personalised models with different weights; a selector whose head always picks site index 1."""
-    from medflare.fedsm.selector import build_selector
-    from medflare.fedsm.supermodel import save_super_model
+    """Global and personalised models with different weights; a selector that finds every case fully typical of site index 1."""
+    from medflare.fedsm.selector import selector_spec
+    from medflare.fedsm.supermodel import save_super_model, super_model_description, super_model_network
 
     nets = {name: model_from_preset(TINY, seed=seed) for name, seed in (("global", 0), ("p0", 1), ("p1", 2))}
-    spec = {"name": "style_selector", "args": {"in_channels": 1, "num_classes": len(sites), "width": 4, "depth": 2}}
-    selector = build_selector(spec)
-    with torch.no_grad():
-        selector.classifier.weight.zero_()
-        selector.classifier.bias.copy_(torch.tensor([0.0, 10.0]))
-    save_super_model(
-        path, description=describe(TINY, kind="fedsm_super_model"), sites=list(sites), selector_spec=spec,
-        global_class=False, global_params=state_to_numpy(nets["global"]),
-        person_params={sites[0]: state_to_numpy(nets["p0"]), sites[1]: state_to_numpy(nets["p1"])},
-        selector_params=state_to_numpy(selector), lam=0.7, round_num=1, gamma=0.5,
-    )
+    spec = selector_spec(get_preset(TINY)["model"], sites, global_class=False)
+    network = super_model_network(get_preset(TINY)["model"], sites, spec)
+    for name, net in (("global", nets["global"]), ("person_0", nets["p0"]), ("person_1", nets["p1"])):
+        network[name].load_state_dict(net.state_dict())
+    with torch.no_grad():  # site index 1: zero precision, so every case is at distance 0 (typicality 1); index 0 unset
+        network["select"].present[1] = 1.0
+    save_super_model(path, network, super_model_description(TINY, None, sites, spec, softpull_lambda=0.7, gamma=0.5), {"round": 1})
     return path, nets
 
 

@@ -12,7 +12,6 @@ CLS_ARGS = {
     "convnet": lambda s: {"in_channels": 1, "num_classes": 10, "image_size": s},
     "resnet8": lambda s: {"in_channels": 1, "num_classes": 10, "widths": [16, 32, 64]},
     "resnet18": lambda s: {"in_channels": 1, "num_classes": 10},
-    "vgg11_selector": lambda s: {"in_channels": 1, "num_classes": 10},
 }
 
 
@@ -58,18 +57,10 @@ def test_convnet_feature_size_matches_hand_computation():
         ("convnet", {"in_channels": 1, "num_classes": 10}, 2.5e5, 3.5e5),
         ("resnet8", {"in_channels": 3, "num_classes": 10}, 4e6, 6e6),
         ("resnet18", {"in_channels": 3, "num_classes": 10}, 1.05e7, 1.2e7),
-        ("vgg11_selector", {"in_channels": 1, "num_classes": 4}, 1e5, 2e6),
     ],
 )
 def test_parameter_counts_in_sane_range(name, args, low, high):
     assert low <= count_parameters(build_model(name, **args)) <= high
-
-
-def test_vgg11_default_is_small_and_reference_head_is_huge_in_principle():
-    default = build_model("vgg11_selector", in_channels=1, num_classes=4)
-    assert count_parameters(default) < 2_000_000
-    full_width = build_model("vgg11_selector", in_channels=1, num_classes=4, width=1.0)
-    assert count_parameters(full_width) > 9_000_000  # conv stack of VGG-11 alone is ~9.2M
 
 
 def test_unknown_name_and_bad_args_raise_medflare_error():
@@ -83,8 +74,6 @@ def test_unknown_name_and_bad_args_raise_medflare_error():
         build_model("unet", in_channels=1, out_channels=2, channels=[8, 16, 32], strides=[2])
     with pytest.raises(MedflareError, match="'image_size'"):
         build_model("convnet", in_channels=1, num_classes=10, image_size=4)
-    with pytest.raises(MedflareError, match="'width'"):
-        build_model("vgg11_selector", in_channels=1, num_classes=3, width=0)
     with pytest.raises(MedflareError, match="'widths'"):
         build_model("resnet8", in_channels=1, num_classes=3, widths=[16, 32])
 
@@ -95,9 +84,6 @@ def test_unknown_name_and_bad_args_raise_medflare_error():
         ("convnet", {"in_channels": True, "num_classes": 10}, "convnet: 'in_channels' must be a positive int, got True"),
         ("unet", {"in_channels": 1, "out_channels": 0, "channels": [8, 16], "strides": [2]}, "unet: 'out_channels' must be a positive int"),
         ("unet", {"in_channels": 1, "out_channels": 2, "channels": [8, 16], "strides": [2], "dropout": 1.0}, r"unet: 'dropout' must be in \[0, 1\)"),
-        ("vgg11_selector", {"in_channels": 1, "num_classes": 3, "dropout": -0.1}, r"vgg11_selector: 'dropout' must be in \[0, 1\)"),
-        ("vgg11_selector", {"in_channels": 1, "num_classes": 3, "batch_norm": 1}, "vgg11_selector: 'batch_norm' must be true or false"),
-        ("vgg11_selector", {"in_channels": 1, "num_classes": 3, "head_width": 0}, "vgg11_selector: 'head_width' must be a positive int"),
         ("resnet18", {"in_channels": 1, "num_classes": 3, "cifar_stem": "yes"}, "resnet18: 'cifar_stem' must be true or false"),
         ("resnet8", {"in_channels": 1, "num_classes": 3, "widths": [16, 0, 64]}, "resnet8: 'widths' must be a positive int"),
     ],
@@ -108,9 +94,6 @@ def test_bad_values_name_model_and_key(name, args, match):
 
 
 def test_parameter_counts_by_hand():
-    # vgg11_selector defaults (width 0.25): convs 1->16->32->64->64->128->128->128->128, 3x3 + bias:
-    # 160 + 4640 + 18496 + 36928 + 73856 + 3 * 147584 = 576832; head 128*128+128 + 128*4+4 = 17028
-    assert count_parameters(build_model("vgg11_selector", in_channels=1, num_classes=4)) == 576_832 + 17_028
     # resnet8 (16, 32, 64), 3 channels: stem 432+32; block1 2*(2304+32); block2 4608+64 + 9216+64 + 512+64;
     # block3 18432+128 + 36864+128 + 2048+128; fc 640+10 -> the ~78K "resnet8" of the KD literature
     assert count_parameters(build_model("resnet8", in_channels=3, num_classes=10, widths=[16, 32, 64])) == 78_042

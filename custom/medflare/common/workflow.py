@@ -25,7 +25,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping
 
-from nvflare.apis.fl_constant import FLMetaKey, ReturnCode
+from nvflare.apis.dxo import DXO
+from nvflare.apis.fl_constant import FLContextKey, FLMetaKey, ReturnCode
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable
 from nvflare.app_common.abstract.fl_model import FLModel
@@ -38,6 +39,13 @@ from medflare import PayloadError, PrivacyError
 from medflare.common.checks import check_int
 from medflare.common.component import keep_args
 from medflare.common.payload import payload_bytes
+
+
+def filter_history(params: Any) -> dict[str, list[str]]:
+    """``{part: [filter names]}`` of the parts of a COLLECTION result (FLARE records a filter on the part it changed)."""
+    if not isinstance(params, Mapping):
+        return {}
+    return {name: dxo.get_filter_history() for name, dxo in params.items() if isinstance(dxo, DXO) and dxo.get_filter_history()}
 
 
 class SiteRounds(ModelController):
@@ -84,9 +92,14 @@ class SiteRounds(ModelController):
         self.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, rnd, private=True, sticky=False)
         self.fl_ctx.set_prop(AppConstants.NUM_ROUNDS, total, private=True, sticky=False)
         if validated is not None:
-            learnable = make_model_learnable(weights=validated.params, meta_props=validated.meta)
-            self.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, learnable, private=True, sticky=True)
+            self.publish(validated)
         self.event(AppEventType.ROUND_STARTED)
+
+    def publish(self, validated: FLModel) -> None:
+        """Set ``validated`` as GLOBAL_MODEL (what a persistor saves as the best model); call again to update its meta
+        (e.g. with the round's scores once they arrived)."""
+        learnable = make_model_learnable(weights=validated.params, meta_props=dict(validated.meta or {}))
+        self.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, learnable, private=True, sticky=True)
 
     def aggregate(self, results: Mapping[str, FLModel], combine: Callable[[Mapping[str, FLModel]], Any]) -> Any:
         """``combine(results)`` between BEFORE_AGGREGATION and AFTER_AGGREGATION (with AGGREGATION_RESULT)."""
@@ -106,12 +119,14 @@ class SiteRounds(ModelController):
         self._results[result.meta["client_name"]] = result
         return True
 
-    def exchange(self, task: str, payloads: Mapping[str, FLModel], rnd: int, min_responses: int | None = None) -> dict[str, FLModel]:
+    def exchange(self, task: str, payloads: Mapping[str, FLModel], rnd: int, min_responses: int | None = None,
+                 reply_holds: str = "") -> dict[str, FLModel]:
         """Send each site its own task data (all at once), wait for the standing tasks, return results by site.
 
         Returns {} when the job is aborted. Raises PrivacyError when a site's result filters refused its reply
-        (e.g. a scope's DXOBlocker), PayloadError when fewer than ``min_responses`` (default: the workflow's,
-        0 = all) sites answered. Logs the bytes each way per site and the filters each result passed.
+        (e.g. a scope's DXOBlocker; the message names the job's scope and, from ``reply_holds``, what the reply
+        holds), PayloadError when fewer than ``min_responses`` (default: the workflow's, 0 = all) sites
+        answered. Logs the bytes each way per site and the filters each result (or each part of a COLLECTION) passed.
         """
         self._results, self._refused = {}, {}
         sent = {}
@@ -125,17 +140,20 @@ class SiteRounds(ModelController):
             time.sleep(self._task_check_period)
         results = dict(self._results)
         if self._refused:
+            meta = self.fl_ctx.get_prop(FLContextKey.JOB_META) or {}
+            scope = f"privacy scope '{meta['scope']}' (the job's meta.json)" if meta.get("scope") else "default privacy scope"
             raise PrivacyError(
-                f"round {rnd} task '{task}': the result filters of {sorted(self._refused)} refused to send the reply "
-                f"({ReturnCode.TASK_RESULT_FILTER_ERROR}); their privacy scope blocks a payload this workflow needs "
-                "(see the site's log for the blocked DXO kind)"
+                f"round {rnd} task '{task}': the {scope} of {sorted(self._refused)} refused to send the reply"
+                + (f", which holds {reply_holds}" if reply_holds else "")
+                + f" ({ReturnCode.TASK_RESULT_FILTER_ERROR}); the scope blocks a payload this workflow needs "
+                "(the site's log names the blocked DXO kind)"
             )
         need = min_responses if min_responses is not None else (self.min_responses or len(payloads))
         if len(results) < need:
             missing = sorted(set(payloads) - set(results))
             raise PayloadError(f"round {rnd} task '{task}': {len(results)} of {len(payloads)} sites answered (no result from {missing}); min_responses={need}")
         for site, res in results.items():
-            filters = res.meta.get(FLMetaKey.FILTER_HISTORY)
+            filters = res.meta.get(FLMetaKey.FILTER_HISTORY) or filter_history(res.params)
             self.info(f"round {rnd} {task}: {site} sent {sent[site]} B, received {payload_bytes(res.params)} B"
                       + (f", result filters {filters}" if filters else ""))
         self.info(f"round {rnd} {task}: {len(results)} sites in {time.perf_counter() - start:.1f} s; {sum(sent.values())} B out")

@@ -1,17 +1,59 @@
-"""What the FedSM server and sites exchange besides the weights: task-meta keys.
+"""What the FedSM server and sites exchange: task names, payload keys, DXO parts and task-meta keys, spelled once.
 
-Weights travel in the DXO data (FULL out, WEIGHT_DIFF back, prefixes ``global.``, ``person.``,
-``select.``; in FedSM-extra rounds ``person_<i>.`` for every site), where FLARE's privacy filters see
-them. The selector's feature statistics (:mod:`.calibrate`) are aggregate statistics, not weights: they
-travel in the result's DXO meta under ``STATS`` (a filter that perturbs weight diffs must not perturb
-them; the site's own ``stats_noise`` knob protects them instead).
+Server -> site (task data, one WEIGHTS DXO of flat arrays): the global model, this site's personalised model
+and the selector under the prefixes :data:`GLOBAL`, :data:`PERSON`, :data:`SELECT`; in FedSM-extra rounds and
+in the final ``validate`` task every site's personalised model instead, under :func:`person_key` ``(i)``.
+The super model's container network (:mod:`.supermodel`) uses the same names for its submodules, so a flat
+super-model state and a payload share their keys.
+
+Site -> server (task result, a COLLECTION DXO of parts, each with its own data kind so a site's privacy
+scope sees each part; see jobs/fedsm/README.md for what each one holds):
+
+============================  ===============  =====================================================
+part                          data kind        content
+============================  ===============  =====================================================
+:data:`WEIGHTS_PART`          WEIGHT_DIFF      ``global.*`` and ``person.*`` updates (main rounds)
+:data:`STATS_PART`            STATISTICS       the selector's feature Gaussian of this site (main)
+:data:`HEAD_PART`             WEIGHT_DIFF      the FedSM-extra head's gradient step (extra rounds)
+:data:`METRICS_PART`          METRICS          the final super model's scores (``validate``)
+============================  ===============  =====================================================
+
+The ``validate`` reply holds no weights, only a METRICS part. Validation scores also ride in the result's
+meta under FLARE's ``initial_metrics`` (where FLARE's FedAvg puts them), so a stock ``IntimeModelSelector``
+picks the best super model.
 """
 
-SITES = "fedsm_sites"  # [site names]; a site's selector label is its index here (Eq. 2)
-SELECTOR = "fedsm_selector"  # {"name", "args"} of the selector network
-GLOBAL_CLASS = "fedsm_global_class"  # selector column 0 is the global model (FedSM-extra)
-PHASE = "fedsm_phase"  # "main" (Algorithm 1) | "extra" (selector only, Eq. 1 labels)
-GAMMA = "fedsm_gamma"  # routing threshold for the super-model Dice reported each round
-STATS = "fedsm_stats"  # server -> site: send feature statistics (bool); site -> server: {label: {n, mean, cov}}
+# ---- tasks ------------------------------------------------------------------------------------
+TASK_TRAIN = "train"  # main and extra rounds (Algorithm 1 / FedSM-extra)
+TASK_VALIDATE = "validate"  # score the final super model; trains nothing
+TASKS = (TASK_TRAIN, TASK_VALIDATE)
 
-PHASES = ("main", "extra")
+# ---- model names: payload prefixes and the super model's submodules ---------------------------
+GLOBAL = "global"
+PERSON = "person"  # this site's own personalised model in a main-round payload
+SELECT = "select"
+
+
+def person_key(index: int) -> str:
+    """Name of site ``index``'s personalised model in the super model and in an all-models payload."""
+    return f"{PERSON}_{index}"
+
+
+# ---- parts of a site's COLLECTION reply -----------------------------------------------------
+WEIGHTS_PART = "weights"
+STATS_PART = "feature_stats"
+HEAD_PART = "selector_head"
+METRICS_PART = "metrics"  # the validate reply's only part
+
+#: keys of the STATISTICS part (flat numpy arrays; see :func:`medflare.fedsm.density.site_gaussian`)
+STAT_KEYS = ("n", "mean", "cov", "val_n", "val_d2_mean", "val_d2_var")
+
+# ---- task meta: configuration, never data ---------------------------------------------------
+SITES = "fedsm_sites"  # [site names]; a site's selector index is its position here (Eq. 2)
+SELECTOR = "fedsm_selector"  # {"name", "args"} of the selector network
+PHASE = "fedsm_phase"  # MAIN | EXTRA
+GAMMA = "fedsm_gamma"  # routing threshold of the scores a site reports
+
+MAIN = "main"  # Algorithm 1: global + personalised models trained, selector Gaussians refreshed
+EXTRA = "extra"  # FedSM-extra: only the selector head is trained (Eq. 1 labels)
+PHASES = (MAIN, EXTRA)

@@ -1,4 +1,4 @@
-"""Recipe of jobs/fedsm: the FedSM controller and executor with the shared medflare wiring.
+"""Recipe of jobs/fedsm: the FedSM controller, its super-model persistor, FLARE's best-model selector, the executor.
 
     from medflare.recipes import FedSMRecipe
     from nvflare.recipe import SimEnv
@@ -9,15 +9,24 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from nvflare.app_common.widgets.intime_model_selector import IntimeModelSelector
+
 from medflare.common.recipe import JobRecipe
+from medflare.fedsm import protocol as P
 from medflare.fedsm.controller import FedSMController
 from medflare.fedsm.executor import FedSMExecutor
+from medflare.fedsm.persistor import SuperModelPersistor
+from medflare.presets import get_preset
 
 
 class FedSMRecipe(JobRecipe):
     """FedSM (Xu et al. 2022). Args: preset, overrides, num_rounds, seed, device, min_clients, and every
     :class:`~medflare.fedsm.controller.FedSMController` argument (softpull_lambda, extra_rounds, gamma,
-    selector, calibration, min_responses, task_timeout) as keyword arguments; ``stats_noise`` goes to the sites."""
+    selector, head_lr, min_responses, task_timeout) as keyword arguments.
+
+    Server components: ``persistor`` (:class:`~medflare.fedsm.persistor.SuperModelPersistor`) and
+    ``model_selector``, FLARE's ``IntimeModelSelector`` on the sites' mean ``own_or_global_<key metric>``
+    (unweighted: each site counts once, like the paper's client average)."""
 
     def __init__(
         self,
@@ -27,14 +36,19 @@ class FedSMRecipe(JobRecipe):
         seed: int = 0,
         device: str = "auto",
         min_clients: int = 2,
-        stats_noise: float = 0.0,
         **controller_args: Any,
     ):
+        key = get_preset(preset, overrides)["eval"]["key_metric"]
         super().__init__(
             "fedsm",
-            workflow=FedSMController(num_rounds=num_rounds, preset=preset, overrides=overrides, seed=seed, **controller_args),
+            workflow=FedSMController(num_rounds=num_rounds, preset=preset, overrides=overrides, seed=seed,
+                                     persistor_id="persistor", **controller_args),
             workflow_id="fedsm",
-            executor=FedSMExecutor(preset=preset, overrides=overrides, device=device, seed=seed, stats_noise=stats_noise),
-            tasks=["train", "validate"],
+            executor=FedSMExecutor(preset=preset, overrides=overrides, device=device, seed=seed),
+            tasks=list(P.TASKS),
+            server_components={
+                "persistor": SuperModelPersistor(preset=preset, overrides=overrides, seed=seed),
+                "model_selector": IntimeModelSelector(key_metric=f"own_or_global_{key}"),
+            },
             min_clients=min_clients,
         )

@@ -2,7 +2,7 @@
 
 from medflare import ConfigError
 from medflare.common.results import Option, ResultKind, register
-from medflare.fedsm.supermodel import super_model_from_checkpoint
+from medflare.fedsm.supermodel import KIND, VERSION, super_model_from_checkpoint
 
 
 def _gammas(text: str) -> list[float]:
@@ -14,11 +14,12 @@ def _gammas(text: str) -> list[float]:
 
 SUPER_MODEL = register(
     ResultKind(
-        name="fedsm_super_model",
-        version=1,
+        name=KIND,
+        version=VERSION,
         summary="FedSM super model: global + per-site personalised models + model selector (Algorithm 2)",
         load=super_model_from_checkpoint,
-        options=(Option("gamma", "selector confidence threshold(s) of Algorithm 2, comma-separated for a sweep "
-                        "(default: the job's); 1 = the global model alone", parse=_gammas),),
+        options=(Option("gamma", "typicality threshold(s) of Algorithm 2, comma-separated for a sweep (default: the job's): "
+                        "about the share of a seen site's cases sent to the global model; 0 = always a personalised model, "
+                        "1 = the global model alone", parse=_gammas),),
     )
 )

@@ -16,31 +16,38 @@ from medflare import MedflareError
 GLOBAL = -1
 
 
-def route(probs: torch.Tensor, gamma: float, global_class: bool = False) -> torch.Tensor:
-    """Which model each case goes to: (B, C) selector probabilities -> (B,) long, GLOBAL or a site index.
+def route(typicality: torch.Tensor, gamma: float, head_probs: torch.Tensor | None = None) -> torch.Tensor:
+    """Which model each case goes to: -> (B,) long, GLOBAL or a site index (Algorithm 2).
 
-    Algorithm 2: if ``max(probs) > gamma`` the personalised model of the argmax site, else the global
-    model. With ``global_class`` (the FedSM-extra selector, trained by Eq. 1 over {global, sites}) column
-    0 is the global model and column k+1 site k; the argmax picks directly and ``gamma`` still applies
-    (0 = pure argmax, as the paper uses FedSM-extra).
+    ``typicality`` (B, K) is the selector's confidence per site (:class:`~medflare.fedsm.selector.EncoderGaussianSelector`).
+    If ``max_k typicality > gamma`` the case goes to the personalised model of the argmax site, else to the
+    global model. With ``head_probs`` (B, K + 1) from a trained FedSM-extra head (column 0 = global model),
+    a case passing the same test goes to the head's argmax instead (which may be the global model):
+    the head chooses among the models, the typicality gate still sends a case atypical of every site to
+    the global model. ``gamma`` 0 never falls back on typicality (the paper's FedSM-extra uses no threshold),
+    1 always does.
     """
-    if probs.ndim != 2:
-        raise MedflareError(f"route: selector probabilities must be (B, C), got shape {tuple(probs.shape)}")
-    conf, arg = probs.max(dim=1)
-    choice = arg - 1 if global_class else arg.clone()
+    if typicality.ndim != 2:
+        raise MedflareError(f"route: typicality must be (B, K), got shape {tuple(typicality.shape)}")
+    conf, choice = typicality.max(dim=1)
+    if head_probs is not None:
+        if head_probs.shape != (typicality.shape[0], typicality.shape[1] + 1):
+            raise MedflareError(f"route: head probabilities must be (B, K + 1) = {(typicality.shape[0], typicality.shape[1] + 1)}, got {tuple(head_probs.shape)}")
+        choice = head_probs.argmax(dim=1) - 1  # column 0 (global) -> GLOBAL
+    choice = choice.clone()
     choice[conf <= gamma] = GLOBAL
     return choice
 
 
 class SuperModelPredictor:
-    """Callable ``images -> logits`` of the FedSM super model; remembers which model each case used.
+    """Callable ``images -> logits`` of the FedSM super model (Algorithm 2); remembers which model each case used.
 
     Args:
         global_model: the FedAvg global segmentation network.
         person_models: the K personalised networks in site-index order.
-        selector: the model selector; K outputs (FedSM) or K + 1 with ``global_class`` (FedSM-extra).
-        gamma: confidence threshold of Algorithm 2 (evaluation only). Default 0.9, the reference's.
-        global_class: the selector's column 0 is the global model (FedSM-extra). Default False.
+        selector: an :class:`~medflare.fedsm.selector.EncoderGaussianSelector` (``route_scores``).
+        gamma: typicality threshold of Algorithm 2: about the share of a seen site's cases sent to the global
+            model (see :mod:`medflare.fedsm.density`). Default 0.05.
         sites: names of the personalised models' sites, for :meth:`report`. Default model_0..model_{K-1}.
 
     ``choices`` collects the routing of every case seen since the last :meth:`reset` (GLOBAL or site index).
@@ -51,8 +58,7 @@ class SuperModelPredictor:
         global_model: torch.nn.Module,
         person_models: Sequence[torch.nn.Module],
         selector: torch.nn.Module,
-        gamma: float = 0.9,
-        global_class: bool = False,
+        gamma: float = 0.05,
         sites: Sequence[str] = (),
     ):
         if not person_models:
@@ -61,7 +67,6 @@ class SuperModelPredictor:
         self.person_models = list(person_models)
         self.selector = selector
         self.gamma = float(gamma)
-        self.global_class = bool(global_class)
         self.sites = list(sites) or [f"model_{i}" for i in range(len(self.person_models))]
         self.choices: list[int] = []
 
@@ -72,15 +77,12 @@ class SuperModelPredictor:
         """Fraction of the cases seen since :meth:`reset` routed to each model (paper Table 5 layout)."""
         return selection_frequency(self.choices, self.sites)
 
-    def models(self) -> list[torch.nn.Module]:
-        return [self.global_model, *self.person_models, self.selector]
-
     @torch.no_grad()
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         """(B, C_in, H, W) -> (B, num_classes, H, W) logits, each case from the model the selector chose."""
-        for m in self.models():
+        for m in (self.global_model, *self.person_models, self.selector):
             m.eval()
-        choice = route(torch.softmax(self.selector(images), dim=1), self.gamma, self.global_class)
+        choice = self._route(images)
         out = None
         for idx in choice.unique().tolist():
             mask = choice == idx
@@ -91,6 +93,10 @@ class SuperModelPredictor:
             out[mask] = logits
         self.choices.extend(choice.tolist())
         return out
+
+    def _route(self, images: torch.Tensor) -> torch.Tensor:
+        typicality, head = self.selector.route_scores(images)
+        return route(typicality, self.gamma, head)
 
 
 def selection_frequency(choices: Sequence[int], sites: Sequence[str]) -> dict[str, float]:

@@ -2,13 +2,12 @@
 
 ``build_from_spec({"name", "args"})`` (a preset's or a saved result's ``model`` entry) and
 ``build_model(name, **args)`` are the one entry point; the classes are
-exported for code that needs ``.features()`` / ``.classifier`` (FedVCK, FedIOD, FedSM selector).
+exported for code that needs ``.features()`` / ``.classifier`` (FedVCK, FedIOD).
 """
 
 from medflare.nets.convnet import ConvNet
 from medflare.nets.factory import MODEL_NAMES, build_from_spec, build_model, build_unet, count_parameters
 from medflare.nets.resnet import BasicBlock, ResNet8, ResNet18
-from medflare.nets.vgg import VGG11Selector
 
 __all__ = [
     "MODEL_NAMES",
@@ -16,7 +15,6 @@ __all__ = [
     "ConvNet",
     "ResNet8",
     "ResNet18",
-    "VGG11Selector",
     "build_from_spec",
     "build_model",
     "build_unet",

@@ -12,7 +12,6 @@ from medflare import ConfigError, MedflareError
 from medflare.common.checks import check_dropout, check_positive_int
 from medflare.nets.convnet import ConvNet
 from medflare.nets.resnet import ResNet8, ResNet18
-from medflare.nets.vgg import VGG11Selector
 
 __all__ = ["MODEL_NAMES", "build_from_spec", "build_model", "count_parameters", "build_unet"]
 
@@ -76,7 +75,6 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "convnet": ConvNet,
     "resnet8": ResNet8,
     "resnet18": ResNet18,
-    "vgg11_selector": VGG11Selector,
 }
 
 #: Names accepted by :func:`build_model`.

@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping
 
-from nvflare.apis.fl_constant import FLMetaKey, ReturnCode
+from nvflare.apis.fl_constant import FLContextKey, FLMetaKey, ReturnCode
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable
 from nvflare.app_common.abstract.fl_model import FLModel
@@ -36,7 +36,9 @@ from nvflare.app_common.workflows.model_controller import ModelController
 
 from medflare import ConfigError, PayloadError, PrivacyError
 from medflare.common.component import keep_args
+from medflare.common.compute import apply_threads, compute_share
 from medflare.common.payload import payload_bytes
+from medflare.common.site_config import read_site_config
 
 
 def check_int(owner: str, key: str, value: Any, low: int) -> int:
@@ -77,6 +79,22 @@ class SiteRounds(ModelController):
         check_int(name, "task_timeout", task_timeout, 0)
         self._results: dict[str, FLModel] = {}
         self._refused: dict[str, str] = {}
+
+    def start_controller(self, fl_ctx: FLContext) -> None:
+        """FLARE's set-up, then the server process's share of its machine (torch threads for the workflow's own
+        compute; the server's ``local/medflare_site.json`` "compute" section may set it, see
+        :mod:`medflare.common.compute`)."""
+        super().start_controller(fl_ctx)
+        workspace = fl_ctx.get_engine().get_workspace()
+        try:
+            config = read_site_config(workspace.get_site_config_dir() if workspace is not None else None, "server")
+            share = compute_share(config, site="server", fl_args=fl_ctx.get_prop(FLContextKey.ARGS), role="server")
+        except ConfigError as e:  # the message names the file and the key
+            self.error(str(e))
+            self.system_panic(f"cannot start: {e}", fl_ctx)
+            return
+        apply_threads(share)
+        self.info(f"server compute: {share.describe()}")
 
     # ---- FLARE's standard round bookkeeping ------------------------------------------------------
     def sites(self) -> list[str]:

@@ -190,3 +190,22 @@ def test_evaluate_on_the_gpu_equals_the_cpu():
     cpu = evaluate(_NoisyLabels(), make_loader(cases, 8, False), device="cpu", **kwargs)
     gpu = evaluate(_NoisyLabels().cuda(), make_loader(cases, 8, False), device="cuda", **kwargs)
     _assert_rows_equal(_rows(gpu), _rows(cpu))
+
+
+@GPU
+def test_cli_evaluate_on_cuda_equals_cpu(tmp_path):
+    import json
+
+    from medflare.cli import main
+    from medflare.common.persistence import model_from_preset
+    from medflare.common.results import describe
+
+    ckpt = tmp_path / "m.pt"
+    torch.save({"model": model_from_preset(TINY).state_dict(), "train_conf": {"medflare": describe(TINY)}}, ckpt)
+    out = {}
+    for device in ("cpu", "cuda"):
+        path = tmp_path / f"{device}.json"
+        assert main(["evaluate", "--model", str(ckpt), "--site", "site-1", "--device", device,
+                     "--metrics", "dice,hd95,mpa", "--out", str(path)]) == 0
+        out[device] = json.loads(path.read_text())["evaluations"][0]["sites"]["site-1"]
+    _assert_rows_equal(_rows(out["cuda"]), _rows(out["cpu"]))

@@ -4,7 +4,7 @@
 
 Runs jobs/fedavg in the simulator with 2 clients and a near-empty model/step budget under several
 timing settings, and reports for each: wall seconds per round (between the server's "Round N started"
-lines), the slowest client's compute per round (validation + training, as the executor measures it),
+lines), the slowest client's compute per round (the whole task, as the site executor logs it),
 and their difference, the overhead. Writes overhead.md and overhead.csv.
 
 The settings compared, all plain FLARE config:
@@ -61,8 +61,8 @@ def measure(name: str, rounds: int, work: Path) -> dict:
     # From round 1 on: round 0 also pays for loading the sites' data and building models.
     wall = (end[0] - starts[1]).total_seconds() / (rounds - 1)
     per_round: dict[str, float] = {}  # the slowest client's validate + train seconds in each round
-    for rnd, validate_s, train_s in re.findall(r"round (\d+): \d+ local steps.*compute: validate ([\d.]+) s, train ([\d.]+) s", run.log):
-        per_round[rnd] = max(per_round.get(rnd, 0.0), float(validate_s) + float(train_s))
+    for rnd, compute_s in re.findall(r"task 'train' round (\d+): compute ([\d.]+) s", run.log):
+        per_round[rnd] = max(per_round.get(rnd, 0.0), float(compute_s))
     per_round.pop("0", None)
     per_round_compute = sum(per_round.values()) / max(1, len(per_round))
     return {"setting": name, "rounds": rounds, "wall_s_per_round": wall, "compute_s_per_round": per_round_compute,

@@ -44,7 +44,8 @@ from typing import Any, Mapping
 from medflare import ConfigError
 from medflare.common.site_config import setting
 
-__all__ = ["PROCESSES_ENV", "ComputeShare", "apply_threads", "available_cores", "compute_share", "simulator_processes", "process_share"]
+__all__ = ["PROCESSES_ENV", "ComputeShare", "apply_threads", "available_cores", "compute_share", "process_share",
+           "simulator_counts", "simulator_processes"]
 
 #: environment variable saying how many medflare processes compute at once on this machine
 PROCESSES_ENV = "MEDFLARE_PROCESSES"
@@ -85,11 +86,12 @@ def _positive_int(value: Any, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
-def simulator_processes(args: Any) -> int | None:
-    """Site processes the FLARE simulator runs at once, from its arguments (FLContextKey.ARGS); None outside it.
+def simulator_counts(args: Any) -> tuple[int, int | None] | None:
+    """(site processes the FLARE simulator runs at once, sites in total or None when the command line does not
+    say) from its arguments (FLContextKey.ARGS); None outside the simulator.
 
     ``-t`` clients run in parallel per GPU group; with several ``-gpu`` groups FLARE runs one client per group
-    at a time (it sets ``threads`` to 1), so the product counts both cases. At most the number of sites.
+    at a time (it sets ``threads`` to 1), so the product counts both cases.
     """
     threads = getattr(args, "threads", None)
     if not _positive_int(threads, 1):
@@ -103,10 +105,18 @@ def simulator_processes(args: Any) -> int | None:
             groups = max(1, len(split_gpus(str(gpu))))
         except ValueError:
             groups = 1
-    running = threads * groups
     clients = getattr(args, "clients", None)
     n_sites = getattr(args, "n_clients", None) or (len([c for c in str(clients).split(",") if c.strip()]) if clients else None)
-    return min(running, n_sites) if _positive_int(n_sites, 1) else running
+    return threads * groups, (n_sites if _positive_int(n_sites, 1) else None)
+
+
+def simulator_processes(args: Any) -> int | None:
+    """Site processes the FLARE simulator runs at once (at most the number of sites); None outside it."""
+    counts = simulator_counts(args)
+    if counts is None:
+        return None
+    running, n_sites = counts
+    return min(running, n_sites) if n_sites else running
 
 
 def process_share(

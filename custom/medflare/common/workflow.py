@@ -22,6 +22,7 @@ naming the missing sites, and a reply that a site's privacy filters refused is r
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable, Mapping
 
@@ -79,6 +80,8 @@ class SiteRounds(ModelController):
         check_int(name, "task_timeout", task_timeout, 0)
         self._results: dict[str, FLModel] = {}
         self._refused: dict[str, str] = {}
+        self._expected: set[str] = set()
+        self._all_in = threading.Event()
 
     def start_controller(self, fl_ctx: FLContext) -> None:
         """FLARE's set-up, then the server process's share of its machine (torch threads for the workflow's own
@@ -128,6 +131,8 @@ class SiteRounds(ModelController):
 
     def _collect(self, result: FLModel) -> bool:
         self._results[result.meta["client_name"]] = result
+        if self._expected <= set(self._results):
+            self._all_in.set()  # the last answer wakes exchange() now, not at its next check of the standing tasks
         return True
 
     def exchange(self, task: str, payloads: Mapping[str, FLModel], rnd: int, min_responses: int | None = None) -> dict[str, FLModel]:
@@ -138,15 +143,16 @@ class SiteRounds(ModelController):
         0 = all) sites answered. Logs the bytes each way per site and the filters each result passed.
         """
         self._results, self._refused = {}, {}
+        self._expected, self._all_in = set(payloads), threading.Event()
         sent = {}
         for site, model in payloads.items():
             sent[site] = payload_bytes(model.params)
             self.send_model(task, data=model, targets=[site], timeout=self.task_timeout, callback=self._collect)
         start = time.perf_counter()
-        while self.get_num_standing_tasks():
+        while self.get_num_standing_tasks() and not self._all_in.is_set():
             if self.abort_signal.triggered:
                 return {}
-            time.sleep(self._task_check_period)
+            self._all_in.wait(self._task_check_period)
         results = dict(self._results)
         if self._refused:
             raise PrivacyError(

@@ -124,7 +124,7 @@ def test_available_cores_honours_a_container_quota(tmp_path):
 def test_apply_threads_sets_torch():
     before = torch.get_num_threads()
     try:
-        apply_threads(process_share(4, 4))
+        assert apply_threads(process_share(4, 4)) == 1
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

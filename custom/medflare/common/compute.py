@@ -62,9 +62,9 @@ class ComputeShare:
     workers: int
     reason: str
 
-    def describe(self) -> str:
-        """One log line: the choice and where it came from."""
-        return f"{self.threads} torch threads, {self.workers} data-loader workers ({self.reason})"
+    def describe(self, applied: int | None = None) -> str:
+        """One log line: the choice (``applied``: the thread count torch reports after :func:`apply_threads`) and why."""
+        return f"{self.threads if applied is None else applied} torch threads, {self.workers} data-loader workers ({self.reason})"
 
 
 def available_cores(cgroup_cpu_max: str | os.PathLike = _CGROUP_CPU_MAX) -> int:
@@ -191,8 +191,11 @@ def compute_share(
     return process_share(cores, processes, threads=threads, workers=workers, env_threads=_env_int("OMP_NUM_THREADS"), reason=reason)
 
 
-def apply_threads(share: ComputeShare) -> None:
-    """Set torch's intra-op threads (and its inter-op threads, when this process has not used them yet)."""
+def apply_threads(share: ComputeShare) -> int:
+    """Set torch's intra-op threads (and its inter-op threads, when this process has not used them yet).
+
+    Returns the intra-op thread count torch now uses (what the start-up log line reports).
+    """
     import torch
 
     torch.set_num_threads(share.threads)
@@ -200,3 +203,4 @@ def apply_threads(share: ComputeShare) -> None:
         torch.set_num_interop_threads(share.threads)
     except RuntimeError:  # only settable before the first inter-op parallel work; the intra-op count is what matters
         pass
+    return torch.get_num_threads()

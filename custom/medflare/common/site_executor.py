@@ -105,7 +105,7 @@ class SiteExecutor(Executor):
                 fl_ctx,
                 f"site '{self.site}': preset '{self.preset}', data {self.data.source} "
                 f"(train {len(self.data.train)}, val {len(self.data.val)}, test {len(self.data.test)}), device {self.torch_device}, "
-                f"batch size {self.cfg['train']['batch_size']}; {self.compute.describe()}",
+                f"batch size {self.cfg['train']['batch_size']}; {self.compute.describe(self._threads)}",
             )
         elif event_type == EventType.END_RUN and self.site:
             self.log_info(fl_ctx, f"site '{self.site}': {peak_memory()}")
@@ -115,7 +115,7 @@ class SiteExecutor(Executor):
         train = self.cfg["train"]
         self.compute = compute_share(self.site_config, site=self.site, fl_args=fl_ctx.get_prop(FLContextKey.ARGS),
                                      default_workers=train["num_workers"])
-        apply_threads(self.compute)
+        self._threads = apply_threads(self.compute)
         device = setting(self.site_config, "compute", "device", self.device, lambda v: isinstance(v, str) and bool(v), self.site)
         self.torch_device = pick_device(device)
         train["batch_size"] = batch_size_for(train, self.torch_device)  # subclasses read it from the preset

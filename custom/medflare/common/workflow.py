@@ -96,8 +96,7 @@ class SiteRounds(ModelController):
             self.error(str(e))
             self.system_panic(f"cannot start: {e}", fl_ctx)
             return
-        apply_threads(share)
-        self.info(f"server compute: {share.describe()}")
+        self.info(f"server compute: {share.describe(apply_threads(share))}")
 
     # ---- FLARE's standard round bookkeeping ------------------------------------------------------
     def sites(self) -> list[str]:

@@ -9,10 +9,10 @@ workspace; only preset, overrides and rounds changed), in up to three modes:
     capped  this tree with ``OMP_NUM_THREADS=1`` set by hand (the issue's reference: threads capped by hand)
     before  the tree at ``--before-ref`` (git archive into a temporary folder, put first on PYTHONPATH): no cap
 For each run:
-    wall s/round     between consecutive ROUND_STARTED events on the server (rounds 1.., so round 0's model
-                     building and first-batch warm-up are left out), from a RoundClock widget (round_clock.py)
-                     added to the job
-    compute s/round  per round the slowest site's task compute (what the site executor logs:
+    wall s/round     from a round's ROUND_STARTED event on the server to the next one's (rounds 1 to R-2:
+                     round 0's model building and first-batch warm-up and the last round's final
+                     validation are left out), from a RoundClock widget (round_clock.py) added to the job
+    compute s/round  in the same rounds, the slowest site's task compute (what the site executor logs:
                      "task 'train' round r: compute X s (validate Y s, ...)"), its validate part and the rest
                      (training, payload conversion); not logged by the code of ``before`` (shown as n/a)
     overhead s/round wall minus compute: FLARE's messaging and polling, plus the server's own work between
@@ -138,15 +138,15 @@ class _MemoryWatch(threading.Thread):
             self.stop.wait(0.5)
 
 
-def _round_walls(events_file: Path) -> list[float]:
-    """Seconds between consecutive round starts from round 1 on (from round 0 when there are only two rounds)."""
+def _round_walls(events_file: Path) -> dict[int, float]:
+    """{round: seconds from its start to the next round's start}, from round 1 on (round 0 too when only it is timed)."""
     starts = {}
     for line in events_file.read_text().splitlines():
         e = json.loads(line)
         starts.setdefault(int(e["round"]), e["time"])
     rounds = sorted(starts)
-    return [starts[b] - starts[a] for a, b in zip(rounds, rounds[1:]) if a >= 1] or \
-           [starts[b] - starts[a] for a, b in zip(rounds, rounds[1:])]
+    walls = {a: starts[b] - starts[a] for a, b in zip(rounds, rounds[1:])}
+    return {r: w for r, w in walls.items() if r >= 1} or walls
 
 
 def _compute_per_round(log: str) -> dict[int, tuple[float, float]]:
@@ -185,10 +185,10 @@ def measure(name: str, mode: str, sites: int, rounds: int, work: Path, before_tr
         raise RuntimeError(f"{name} ({mode}) failed:\n{run.log[-3000:]}")
     walls = _round_walls(events)
     per_round = _compute_per_round(run.log)
-    timed = [r for r in per_round if r >= 1] or list(per_round)
+    timed = [r for r in walls if r in per_round]  # the same rounds for wall and compute
     compute = statistics.mean(per_round[r][0] for r in timed) if timed else float("nan")
     validate = statistics.mean(per_round[r][1] for r in timed) if timed else float("nan")
-    wall = statistics.mean(walls) if walls else float("nan")
+    wall = statistics.mean(walls.values()) if walls else float("nan")
     gpu_mean, gpu_p95 = watch.gpu_stats()
     return {
         "row": name, "mode": mode, "job": row.job, "preset": row.preset, "note": row.note, "sites": sites, "rounds": rounds,

@@ -78,6 +78,7 @@ class SiteExecutor(Executor):
         self.data: SiteData | None = None
         self.tracker = SiteTracker(self)
         self.compute: ComputeShare | None = None  # this process's threads and loader workers, set at START_RUN
+        self._threads: int | None = None  # torch's thread count after the share was applied
         self._handlers: dict[str, Handler] = {}
         self._validate_s = 0.0  # seconds spent in validate() during the current task
 

@@ -16,7 +16,7 @@ from nvflare.app_common.workflows.scaffold import Scaffold
 
 from medflare.baselines.executor import SupervisedExecutor
 from medflare.common.persistence import PresetModelPersistor
-from medflare.common.recipe import JobRecipe
+from medflare.common.recipe import TASK_CHECK_PERIOD, JobRecipe
 from medflare.presets import get_preset
 
 
@@ -39,7 +39,7 @@ class _BaselineRecipe(JobRecipe):
     ):
         key_metric = get_preset(preset, overrides)["eval"]["key_metric"]
         workflow = self.workflow_cls(num_clients=num_clients, num_rounds=num_rounds, persistor_id="persistor",
-                                     task_check_period=0.1, **workflow_args)
+                                     task_check_period=TASK_CHECK_PERIOD, **workflow_args)
         super().__init__(
             self.job_name,
             workflow=workflow,

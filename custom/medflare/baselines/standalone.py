@@ -16,7 +16,7 @@ from torch.utils.data import ConcatDataset
 
 from medflare import MedflareError
 from medflare.common.report import site_table
-from medflare.common.training import make_loader, make_loss, make_optimizer, pick_device, train_epochs
+from medflare.common.training import batch_size_for, make_loader, make_loss, make_optimizer, pick_device, train_epochs
 from medflare.data import SiteData, load_site
 from medflare.metrics import evaluate
 from medflare.nets import build_from_spec
@@ -81,8 +81,8 @@ def _fit(model, train_set, val_sites: Mapping[str, SiteData], cfg, epochs, dev, 
     curve = []
     for epoch in range(epochs):
         stats = train_epochs(
-            model, make_loader(train_set, train["batch_size"], True, seed + epoch), loss_fn, optimizer,
-            epochs=1, device=dev, max_steps=train.get("max_steps", 0), amp=train.get("amp"),
+            model, make_loader(train_set, batch_size_for(train, dev), True, seed + epoch), loss_fn, optimizer,
+            epochs=1, device=dev, max_steps=train.get("max_steps", 0), amp=train["amp"],
         )
         scores = [_evaluate(model, d, cfg, "val", dev)["mean"][key] for d in val_sites.values()]
         curve.append(sum(scores) / len(scores))
@@ -95,6 +95,6 @@ def _evaluate(model, d: SiteData, cfg, split: str, dev) -> dict[str, Any]:
     if d.whole_volumes is not None:
         loader, predict = d.whole_volumes.loader(split), d.whole_volumes.predictor(model)
     else:
-        loader, predict = make_loader(getattr(d, split), cfg["train"]["batch_size"], False), None
+        loader, predict = make_loader(getattr(d, split), cfg["eval"]["batch_size"] or cfg["train"]["batch_size"], False), None
     return evaluate(model, loader, task=d.task, num_classes=d.num_classes, metrics=cfg["eval"]["metrics"], device=dev,
                     predict=predict)

@@ -8,7 +8,8 @@ one and not in the other.
 
 :class:`JobRecipe` wires what every medflare job has besides its workflow and executor: the server's
 TensorBoard receiver and the sites' analytics-to-federated-event converter, FLARE timings that keep the
-per-round overhead at about 0.5 s instead of 2 s (benchmarks/RESULTS.md), the package as an installed
+per-round overhead at about 0.5 s instead of 2 s (benchmarks/RESULTS.md), sites that fetch their next task
+when the server has it (:mod:`medflare.common.task_wait`: no retry sleeps), the package as an installed
 app package (never copied into the job), and ``app/custom/README.md``, which makes the simulator treat
 the job as bring-your-own-code so that it runs without a site-side class allow-list.
 
@@ -31,9 +32,16 @@ from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
 from nvflare.job_config.api import FedJob
 from nvflare.recipe.spec import Recipe
 
-#: FLARE timings of every medflare job (stock FLARE: 2 s idle wait per round; see benchmarks/RESULTS.md)
-SERVER_SETTINGS = {"server": {"task_request_interval": 0.1}}
-CLIENT_SETTINGS = {"default_task_fetch_interval": 0.1}
+from medflare.common.task_wait import TaskReadyResponder, WaitForNextTask
+
+#: FLARE timings of every medflare job (stock FLARE: 2 s idle wait per round; see benchmarks/RESULTS.md). Sites wait
+#: for their next task (medflare.common.task_wait) before asking for it, so they may ask at once: FLARE sends
+#: ``task_request_interval`` with each task as the sleep before the next request, and a site's
+#: ``default_task_fetch_interval`` is its sleep when the server did not answer.
+SERVER_SETTINGS = {"server": {"task_request_interval": 0.02}}
+CLIENT_SETTINGS = {"default_task_fetch_interval": 0.02}
+#: how often a FLARE workflow checks its standing tasks (stock 0.5 s): the latency from the last result to aggregation
+TASK_CHECK_PERIOD = 0.02
 ANALYTICS_EVENT = "analytix_log_stats"
 
 CUSTOM_README = """# app/custom: deliberately holds no code
@@ -90,10 +98,12 @@ class JobRecipe(Recipe):
         for comp_id, comp in (server_components or {}).items():
             job.to_server(comp, id=comp_id)
         job.to_server(TBAnalyticsReceiver(events=[f"fed.{ANALYTICS_EVENT}"]), id="tb_receiver")
+        job.to_server(TaskReadyResponder(), id="task_ready")
         job.to_clients(executor, tasks=list(tasks))
         for comp_id, comp in (client_components or {}).items():
             job.to_clients(comp, id=comp_id)
         job.to_clients(ConvertToFedEvent(events_to_convert=[ANALYTICS_EVENT], fed_event_prefix="fed."), id="event_to_fed")
+        job.to_clients(WaitForNextTask(), id="wait_for_next_task")
         super().__init__(job)
         self.add_server_config(dict(SERVER_SETTINGS))
         self.add_client_config(dict(CLIENT_SETTINGS))

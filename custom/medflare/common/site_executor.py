@@ -8,6 +8,8 @@ here once; subclasses only map task names to handlers that do the algorithm's wo
 
 from __future__ import annotations
 
+import resource
+import time
 from typing import Any, Callable, Mapping
 
 import torch
@@ -17,14 +19,16 @@ from nvflare.apis.fl_constant import FLContextKey, ReturnCode
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable, make_reply
 from nvflare.apis.signal import Signal
+from nvflare.app_common.app_constant import AppConstants
 
 from medflare import MedflareError
 from medflare.common.component import keep_args
-from medflare.common.site_config import read_site_config
+from medflare.common.compute import ComputeShare, apply_threads, compute_share
+from medflare.common.site_config import read_site_config, setting
 from medflare.common.tracking import SiteTracker
-from medflare.common.training import make_loader, pick_device
+from medflare.common.training import batch_size_for, make_loader, pick_device
 from medflare.data import SiteData, load_site
-from medflare.metrics import evaluate, overlay_image
+from medflare.metrics import evaluate, metrics_for_round, overlay_image
 from medflare.nets import build_from_spec
 from medflare.presets import get_preset
 
@@ -46,6 +50,13 @@ class SiteExecutor(Executor):
         seed: seed for model initialisation and batch order. Default 0.
         num_overlays: validation cases shown as segmentation overlays in TensorBoard. Default 2.
         overlay_every: rounds between overlay images (the first and last rounds always get one). Default 5.
+
+    The machine is the site's to describe: at START_RUN the executor takes its share of the CPU cores
+    (torch threads, data-loader workers; :mod:`medflare.common.compute`) and, when the site's
+    ``local/medflare_site.json`` says ``"compute": {"device": ...}``, that device instead of the job's
+    ``device``. On a GPU the preset's ``train.gpu_batch_size`` (when > 0) replaces ``train.batch_size``.
+    Each task's compute time (and the part spent in :meth:`validate`) is logged and sent to TensorBoard as
+    ``time/task_s`` and ``time/validate_s``; the process's peak memory is logged at END_RUN.
     """
 
     def __init__(
@@ -66,7 +77,10 @@ class SiteExecutor(Executor):
         self.site_config: dict = {}  # the site's own medflare_site.json (privacy, compute), read at START_RUN
         self.data: SiteData | None = None
         self.tracker = SiteTracker(self)
+        self.compute: ComputeShare | None = None  # this process's threads and loader workers, set at START_RUN
+        self._threads: int | None = None  # torch's thread count after the share was applied
         self._handlers: dict[str, Handler] = {}
+        self._validate_s = 0.0  # seconds spent in validate() during the current task
 
     # ---- set-up ------------------------------------------------------------------------------
     def register_task(self, task_name: str, handler: Handler) -> None:
@@ -80,6 +94,7 @@ class SiteExecutor(Executor):
             local_dir = workspace.get_site_config_dir() if workspace is not None else None
             try:
                 self.site_config = read_site_config(local_dir, self.site)
+                self._take_machine_share(fl_ctx)
                 self.data = load_site(self.site, self.cfg["data"], local_dir=local_dir)
                 torch.manual_seed(self.seed)
                 self.setup(fl_ctx)
@@ -90,8 +105,21 @@ class SiteExecutor(Executor):
             self.log_info(
                 fl_ctx,
                 f"site '{self.site}': preset '{self.preset}', data {self.data.source} "
-                f"(train {len(self.data.train)}, val {len(self.data.val)}, test {len(self.data.test)}), device {self.torch_device}",
+                f"(train {len(self.data.train)}, val {len(self.data.val)}, test {len(self.data.test)}), device {self.torch_device}, "
+                f"batch size {self.cfg['train']['batch_size']}; {self.compute.describe(self._threads)}",
             )
+        elif event_type == EventType.END_RUN and self.site:
+            self.log_info(fl_ctx, f"site '{self.site}': {peak_memory()}")
+
+    def _take_machine_share(self, fl_ctx: FLContext) -> None:
+        """Threads, loader workers, device and batch size for this site's machine (see the class docstring)."""
+        train = self.cfg["train"]
+        self.compute = compute_share(self.site_config, site=self.site, fl_args=fl_ctx.get_prop(FLContextKey.ARGS),
+                                     default_workers=train["num_workers"])
+        self._threads = apply_threads(self.compute)
+        device = setting(self.site_config, "compute", "device", self.device, lambda v: isinstance(v, str) and bool(v), self.site)
+        self.torch_device = pick_device(device)
+        train["batch_size"] = batch_size_for(train, self.torch_device)  # subclasses read it from the preset
 
     def setup(self, fl_ctx: FLContext) -> None:
         """Build models and optimisers once the site's data is known (called at START_RUN)."""
@@ -108,30 +136,57 @@ class SiteExecutor(Executor):
             return make_reply(ReturnCode.TASK_UNKNOWN)
         if self.data is None:
             return make_reply(ReturnCode.EXECUTION_EXCEPTION)
+        self._validate_s = 0.0
+        tic = time.perf_counter()
         try:
-            return handler(shareable, fl_ctx, abort_signal)
+            reply = handler(shareable, fl_ctx, abort_signal)
         except MedflareError as e:
             self.log_error(fl_ctx, f"site '{self.site}', task '{task_name}': {e}")
             return make_reply(ReturnCode.EXECUTION_EXCEPTION)
+        task_s, rnd = time.perf_counter() - tic, shareable.get_header(AppConstants.CURRENT_ROUND)
+        step = int(rnd) if rnd is not None else 0
+        self.tracker.scalars(fl_ctx, {"time/task_s": task_s, "time/validate_s": self._validate_s}, step)
+        self.log_info(fl_ctx, f"site '{self.site}' task '{task_name}' round {rnd}: compute {task_s:.3f} s "
+                              f"(validate {self._validate_s:.3f} s, train and rest {task_s - self._validate_s:.3f} s)")
+        return reply
 
     # ---- evaluation and tracking -------------------------------------------------------------
     def loader(self, split: str, shuffle: bool = False, round_num: int = 0):
-        """DataLoader over this site's ``split`` with the preset's batch size (shuffle seeded per round).
+        """DataLoader over this site's ``split`` (shuffle seeded per round) with this process's loader workers.
 
+        Shuffled loaders (training) use ``train.batch_size``; the others (inference: validation, statistics)
+        ``eval.batch_size`` when > 0, which changes no result, only how many cases go through at once.
         Whole-volume splits (validation and testing of 3D presets: volumes differ in size) come one volume a batch.
         """
         dataset = getattr(self.data, split)
-        batch_size = self.cfg["train"]["batch_size"]
+        batch = self.cfg["train"]["batch_size"] if shuffle else (self.cfg["eval"]["batch_size"] or self.cfg["train"]["batch_size"])
         if split != "train" and self.data.spatial_dims == 3:
-            batch_size = 1
-        return make_loader(dataset, batch_size, shuffle, seed=self.seed + round_num)
+            batch = 1
+        workers = self.compute.workers if self.compute is not None else self.cfg["train"]["num_workers"]
+        return make_loader(dataset, batch, shuffle, seed=self.seed + round_num, num_workers=workers)
 
-    def validate(self, model: torch.nn.Module, split: str = "val", predict=None) -> dict[str, float]:
-        """Mean metrics of ``model`` (or of ``predict``) on this site's ``split`` with the preset's metrics.
+    def validate(
+        self,
+        model: torch.nn.Module | None,
+        split: str = "val",
+        predict=None,
+        *,
+        round_num: int | None = None,
+        total_rounds: int | None = None,
+        metrics: list[str] | None = None,
+    ) -> dict[str, float]:
+        """Mean metrics of ``model`` (or of ``predict``) on this site's ``split``, on this executor's device.
 
-        Volume presets are scored per volume (``SiteData.whole_volumes``): slice predictions stacked back into
-        the volume, or sliding windows for 3D models; distances in mm.
+        ``metrics`` defaults to the preset's ``eval.metrics``. Given ``round_num``, costly metrics (HD95, VI,
+        AJI, object Dice) are computed only every ``eval.costly_every`` rounds and in the last one
+        (:func:`medflare.metrics.metrics_for_round`); without it, all of them. Volume presets are scored per
+        volume (``SiteData.whole_volumes``): slice predictions stacked back into the volume, or sliding windows
+        for 3D models; distances in mm.
         """
+        names = list(metrics or self.cfg["eval"]["metrics"])
+        if round_num is not None:
+            names = metrics_for_round(names, round_num, total_rounds, self.cfg["eval"]["costly_every"])
+        tic = time.perf_counter()
         loader, whole = self.loader(split), self.data.whole_volumes
         if whole is not None:
             loader, predict = whole.loader(split), whole.predictor(predict if predict is not None else model)
@@ -140,10 +195,11 @@ class SiteExecutor(Executor):
             loader,
             task=self.data.task,
             num_classes=self.data.num_classes,
-            metrics=self.cfg["eval"]["metrics"],
+            metrics=names,
             device=self.torch_device,
             predict=predict,
         )
+        self._validate_s += time.perf_counter() - tic
         return result["mean"]
 
     def log_overlays(self, fl_ctx: FLContext, model: torch.nn.Module, tag: str, round_num: int, total_rounds: int | None) -> None:
@@ -163,3 +219,12 @@ class SiteExecutor(Executor):
                 else:
                     pred = model(item["image"][None].to(self.torch_device)).argmax(1).cpu()
                 self.tracker.image(fl_ctx, f"{tag}/case{i}", overlay_image(item["image"], item["label"], pred), round_num)
+
+
+def peak_memory() -> str:
+    """This process's peak resident memory (and peak GPU memory allocated by torch, when a GPU was used)."""
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
+    text = f"peak memory {peak_mb:.0f} MB"
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        text += f", peak GPU memory {torch.cuda.max_memory_allocated() / 2**20:.0f} MB"
+    return text

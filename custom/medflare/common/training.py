@@ -6,10 +6,9 @@ and ``after_step`` (SCAFFOLD's control-variate correction) instead of copying th
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from monai.losses import DiceCELoss, DiceLoss
@@ -19,19 +18,8 @@ from medflare import ConfigError, MedflareError
 
 LOSSES = ("dice", "dicece", "ce")
 OPTIMIZERS = ("adam", "sgd")
-#: ``train.amp``: mixed precision on a CUDA device ("bf16"; "fp16" with gradient scaling); ignored on a CPU
-AMP_MODES = ("off", "bf16", "fp16")
-
-
-def mixed_precision(amp: str | None, device: torch.device | str):
-    """(autocast context, GradScaler or None) for ``amp`` on ``device``; plain float32 off CUDA or when "off"."""
-    amp = amp or "off"
-    if amp not in AMP_MODES:
-        raise ConfigError(f"unknown train.amp '{amp}' (known: {list(AMP_MODES)})")
-    if amp == "off" or torch.device(device).type != "cuda":
-        return contextlib.nullcontext(), None
-    dtype = torch.bfloat16 if amp == "bf16" else torch.float16
-    return torch.autocast("cuda", dtype=dtype), (torch.amp.GradScaler("cuda") if amp == "fp16" else None)
+#: mixed-precision modes of :func:`train_epochs` (preset key ``train.amp``) -> autocast dtype
+AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def make_loss(name: str, task: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -63,10 +51,15 @@ def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float) -
     raise ConfigError(f"unknown optimizer '{name}' in train.optimizer (known: {list(OPTIMIZERS)})")
 
 
-def make_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int = 0) -> DataLoader:
-    """A DataLoader with a seeded shuffle so that reruns of a job see the same batches."""
+def make_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int = 0, num_workers: int = 0) -> DataLoader:
+    """A DataLoader with a seeded shuffle so that reruns of a job see the same batches.
+
+    ``num_workers`` > 0 loads batches in that many worker processes (each with one torch thread); the
+    batches and their order are the same as with 0.
+    """
     generator = torch.Generator().manual_seed(seed)
-    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, num_workers=0)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, num_workers=num_workers,
+                      persistent_workers=False)
 
 
 @dataclass
@@ -94,16 +87,22 @@ def train_epochs(
     extra_loss: Callable[[torch.nn.Module], torch.Tensor] | None = None,
     after_step: Callable[[torch.nn.Module], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
-    amp: str | None = None,
+    amp: str = "off",
 ) -> TrainStats:
     """Train ``model`` for ``epochs`` passes over ``loader`` (at most ``max_steps`` steps if > 0).
 
     ``extra_loss(model)`` is added to the data loss (e.g. FedProx); ``after_step(model)`` runs after each
     optimiser step (e.g. SCAFFOLD); ``should_stop()`` lets FLARE's abort signal end the loop early.
-    A non-finite loss raises MedflareError instead of silently producing a NaN model. ``amp`` ("bf16" |
-    "fp16" | "off", :func:`mixed_precision`) runs forward and loss in mixed precision on a CUDA device.
+    ``amp`` ("off" | "bf16" | "fp16", preset key ``train.amp``) runs the forward pass and the loss under
+    ``torch.autocast`` in that precision (weights and optimiser state stay float32; fp16 scales the loss
+    with a GradScaler against underflow). A non-finite loss raises MedflareError instead of silently
+    producing a NaN model.
     """
-    autocast, scaler = mixed_precision(amp, device)
+    if amp not in AMP_DTYPES:
+        raise ConfigError(f"unknown train.amp '{amp}' (known: {list(AMP_DTYPES)})")
+    device_type = torch.device(device).type
+    dtype = AMP_DTYPES[amp]
+    scaler = torch.amp.GradScaler(device_type, enabled=amp == "fp16")
     stats = TrainStats()
     model.train()
     for _ in range(epochs):
@@ -112,19 +111,15 @@ def train_epochs(
                 return stats
             image, label = batch["image"].to(device), batch["label"].to(device)
             optimizer.zero_grad(set_to_none=True)
-            with autocast:
+            with torch.autocast(device_type, dtype=dtype, enabled=dtype is not None):
                 loss = loss_fn(model(image), label)
-                if extra_loss is not None:
-                    loss = loss + extra_loss(model)
+            if extra_loss is not None:
+                loss = loss + extra_loss(model)
             if not torch.isfinite(loss):
                 raise MedflareError(f"training loss became {loss.item()} at step {stats.steps}; lower train.lr")
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                optimizer.step()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
             if after_step is not None:
                 after_step(model)
             stats.steps += 1
@@ -133,6 +128,13 @@ def train_epochs(
             if max_steps and stats.steps >= max_steps:
                 return stats
     return stats
+
+
+def batch_size_for(train: Mapping[str, Any], device: torch.device | str) -> int:
+    """The preset's training batch size on ``device``: ``train.gpu_batch_size`` on a GPU when > 0, else ``train.batch_size``."""
+    if torch.device(device).type == "cuda" and train.get("gpu_batch_size"):
+        return int(train["gpu_batch_size"])
+    return int(train["batch_size"])
 
 
 def pick_device(device: str = "auto") -> torch.device:

@@ -22,6 +22,7 @@ naming the missing sites, and a reply that a site's privacy filters refused is r
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable, Mapping
 
@@ -38,7 +39,9 @@ from nvflare.app_common.workflows.model_controller import ModelController
 from medflare import PayloadError, PrivacyError
 from medflare.common.checks import check_int
 from medflare.common.component import keep_args
+from medflare.common.compute import apply_threads, compute_share
 from medflare.common.payload import payload_bytes
+from medflare.common.site_config import read_site_config
 
 
 def filter_history(params: Any) -> dict[str, list[str]]:
@@ -79,6 +82,23 @@ class SiteRounds(ModelController):
         check_int(name, "task_timeout", task_timeout, 0)
         self._results: dict[str, FLModel] = {}
         self._refused: dict[str, str] = {}
+        self._expected: set[str] = set()
+        self._all_in = threading.Event()
+
+    def start_controller(self, fl_ctx: FLContext) -> None:
+        """FLARE's set-up, then the server process's share of its machine (torch threads for the workflow's own
+        compute; the server's ``local/medflare_site.json`` "compute" section may set it, see
+        :mod:`medflare.common.compute`)."""
+        super().start_controller(fl_ctx)
+        workspace = fl_ctx.get_engine().get_workspace()
+        try:
+            config = read_site_config(workspace.get_site_config_dir() if workspace is not None else None, "server")
+            share = compute_share(config, site="server", fl_args=fl_ctx.get_prop(FLContextKey.ARGS), role="server")
+        except ConfigError as e:  # the message names the file and the key
+            self.error(str(e))
+            self.system_panic(f"cannot start: {e}", fl_ctx)
+            return
+        self.info(f"server compute: {share.describe(apply_threads(share))}")
 
     # ---- FLARE's standard round bookkeeping ------------------------------------------------------
     def sites(self) -> list[str]:
@@ -117,6 +137,8 @@ class SiteRounds(ModelController):
 
     def _collect(self, result: FLModel) -> bool:
         self._results[result.meta["client_name"]] = result
+        if self._expected <= set(self._results):
+            self._all_in.set()  # the last answer wakes exchange() now, not at its next check of the standing tasks
         return True
 
     def exchange(self, task: str, payloads: Mapping[str, FLModel], rnd: int, min_responses: int | None = None,
@@ -129,15 +151,16 @@ class SiteRounds(ModelController):
         answered. Logs the bytes each way per site and the filters each result (or each part of a COLLECTION) passed.
         """
         self._results, self._refused = {}, {}
+        self._expected, self._all_in = set(payloads), threading.Event()
         sent = {}
         for site, model in payloads.items():
             sent[site] = payload_bytes(model.params)
             self.send_model(task, data=model, targets=[site], timeout=self.task_timeout, callback=self._collect)
         start = time.perf_counter()
-        while self.get_num_standing_tasks():
+        while self.get_num_standing_tasks() and not self._all_in.is_set():
             if self.abort_signal.triggered:
                 return {}
-            time.sleep(self._task_check_period)
+            self._all_in.wait(self._task_check_period)
         results = dict(self._results)
         if self._refused:
             meta = self.fl_ctx.get_prop(FLContextKey.JOB_META) or {}

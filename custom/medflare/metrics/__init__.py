@@ -7,10 +7,12 @@ conventions for empty masks are documented in :mod:`medflare.metrics.segmentatio
 from medflare.metrics.classification import accuracy, to_class_labels
 from medflare.metrics.evaluate import (
     CLASSIFICATION_METRICS,
+    COSTLY_METRICS,
     SEGMENTATION_METRICS,
     TASKS,
     evaluate,
     logits_to_label_map,
+    metrics_for_round,
 )
 from medflare.metrics.instance import aggregated_jaccard_index, object_dice, to_instances
 from medflare.metrics.segmentation import (
@@ -28,6 +30,7 @@ from medflare.metrics.visualize import PALETTE, overlay_image
 
 __all__ = [
     "CLASSIFICATION_METRICS",
+    "COSTLY_METRICS",
     "PALETTE",
     "SEGMENTATION_METRICS",
     "TASKS",
@@ -39,6 +42,7 @@ __all__ = [
     "hd95",
     "logits_to_label_map",
     "mean_pixel_accuracy",
+    "metrics_for_round",
     "nanmean_with_count",
     "object_dice",
     "overlay_image",

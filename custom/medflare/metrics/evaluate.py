@@ -20,7 +20,8 @@ from medflare.metrics.segmentation import (
     variation_of_information,
 )
 
-__all__ = ["SEGMENTATION_METRICS", "CLASSIFICATION_METRICS", "TASKS", "evaluate", "logits_to_label_map"]
+__all__ = ["COSTLY_METRICS", "SEGMENTATION_METRICS", "CLASSIFICATION_METRICS", "TASKS", "evaluate", "logits_to_label_map",
+           "metrics_for_round"]
 
 #: Per-foreground-class metrics; "<name>" is the mean over classes, "<name>_c<k>" is class k >= 1.
 _PER_CLASS: tuple[str, ...] = ("dice", "hd95", "sensitivity", "specificity")
@@ -28,6 +29,30 @@ SEGMENTATION_METRICS: tuple[str, ...] = (*_PER_CLASS, "mpa", "vi", "aji", "objec
 CLASSIFICATION_METRICS: tuple[str, ...] = ("accuracy",)
 TASKS = {"segmentation": "segmentation", "seg": "segmentation", "classification": "classification", "cls": "classification"}
 _CLASS_RE = re.compile(rf"^({'|'.join(_PER_CLASS)}|surface_dice_[0-9.]+mm)_c(\d+)$")
+#: metrics that cost far more than a forward pass (distance transforms, connected components, per-case
+#: CPU work): computed at a cadence during training (:func:`metrics_for_round`), always in a final evaluation;
+#: the surface Dice metrics ("surface_dice_<t>mm") count as costly too
+COSTLY_METRICS: tuple[str, ...] = ("hd95", "vi", "aji", "object_dice")
+
+
+def _costly(name: str) -> bool:
+    m = _CLASS_RE.match(name)
+    base = m.group(1) if m else name
+    return base in COSTLY_METRICS or surface_tolerance(base) is not None
+
+
+def metrics_for_round(metrics: Sequence[str], round_num: int, total_rounds: int | None, costly_every: int) -> list[str]:
+    """The metrics to compute in training round ``round_num`` (0-based) of ``total_rounds``.
+
+    Cheap metrics every round; costly ones (:data:`COSTLY_METRICS` and surface Dice, also per class, e.g. "hd95_c1") in
+    rounds that are a multiple of ``costly_every`` (round 0 included) and in the last round; with
+    ``costly_every`` 0, in the last round only. Unknown ``total_rounds`` counts no round as the last.
+    """
+    if not isinstance(costly_every, int) or isinstance(costly_every, bool) or costly_every < 0:
+        raise MedflareError(f"'eval.costly_every' must be an int >= 0, got {costly_every!r}")
+    last = total_rounds is not None and round_num >= total_rounds - 1
+    due = last or (costly_every > 0 and round_num % costly_every == 0)
+    return [name for name in metrics if due or not _costly(name)]
 
 
 def _known(task: str) -> str:
@@ -83,15 +108,23 @@ def _case_names(batch: Mapping[str, Any], size: int, start: int) -> list[str]:
 
 def _segmentation_scores(pred: torch.Tensor, target: torch.Tensor, num_classes: int, metrics: Sequence[str],
                          spacing=None) -> list[dict[str, float]]:
-    """Per-case scores of one batch of label maps (B,1,...) -> B dicts {metric name: value}."""
+    """Per-case scores of one batch of checked label maps (B,1,...) -> B dicts {metric name: value}.
+
+    The per-class metrics and MPA are computed for the whole batch where the label maps are (the model's
+    device) and copied to the CPU once per batch; VI and the instance metrics are per-case CPU work.
+    """
     batch = pred.shape[0]
     rows: list[dict[str, float]] = [{} for _ in range(batch)]
     matches = {name: _CLASS_RE.match(name) for name in metrics}
     bases = {m.group(1) if m else name for name, m in matches.items()}
     bases = {b for b in bases if b in _PER_CLASS or surface_tolerance(b) is not None}
-    per_class = per_class_scores(pred, target, num_classes, sorted(bases), spacing) if bases else {}
-    vi = variation_of_information(pred, target) if "vi" in metrics else None
-    mpa = mean_pixel_accuracy(pred, target, num_classes) if "mpa" in metrics else None
+    device = pred.device
+    per_class = per_class_scores(pred, target, num_classes, sorted(bases), device=device, spacing=spacing) if bases else {}
+    per_class = {name: values.cpu() for name, values in per_class.items()}
+    mpa = mean_pixel_accuracy(pred, target, num_classes, device=device).tolist() if "mpa" in metrics else None
+    on_cpu = [m for m in metrics if m in ("vi", "aji", "object_dice")]
+    pred_cpu, target_cpu = (pred.cpu(), target.cpu()) if on_cpu else (None, None)
+    vi = variation_of_information(pred_cpu, target_cpu).tolist() if "vi" in metrics else None
     instance_metrics = {"aji": aggregated_jaccard_index, "object_dice": object_dice}
     for b in range(batch):
         instances = None  # connected components of the union foreground, computed once per case
@@ -107,7 +140,7 @@ def _segmentation_scores(pred: torch.Tensor, target: torch.Tensor, num_classes: 
                 value = float(vi[b])
             else:  # instance metrics on connected components of the union foreground
                 if instances is None:
-                    instances = to_instances(pred[b, 0].numpy()), to_instances(target[b, 0].numpy())
+                    instances = to_instances(pred_cpu[b, 0].numpy()), to_instances(target_cpu[b, 0].numpy())
                 value = instance_metrics[name](*instances)
             rows[b][name] = value
     return rows
@@ -130,8 +163,10 @@ def evaluate(
     int (classification), "name": list[str] (optional)}``. Segmentation prediction is the argmax of
     the model's (B, num_classes, H, W) logits; ``predict`` (images -> logits or a (B,1,H,W) label
     map) replaces ``model(images)``, e.g. for a FedSM super model. Images are moved to ``device``;
-    the model must already live there. The model is put in eval mode under ``torch.no_grad()`` and
-    its training mode restored afterwards.
+    the model must already live there. Each batch is scored as a whole where the prediction is (so
+    on the GPU when the model runs there; see :mod:`medflare.metrics.segmentation`), and the scores are
+    the same as one case at a time. The model is put in eval mode under ``torch.no_grad()`` and its
+    training mode restored afterwards.
 
     Metric names: segmentation "dice", "hd95", "surface_dice_<t>mm" (normalised surface Dice at tolerance
     t), "sensitivity", "specificity" (mean over foreground classes) and their per-class "<name>_c<k>",
@@ -172,8 +207,8 @@ def evaluate(
                 if task == "segmentation":
                     if label.ndim == images.ndim - 1:
                         label = label.unsqueeze(1)
-                    pred = logits_to_label_map(output, num_classes).cpu()
-                    pred, label = check_label_maps(pred, label, num_classes)
+                    pred = logits_to_label_map(output, num_classes)
+                    pred, label = check_label_maps(pred, label, num_classes, device=pred.device)
                     case_spacing = spacing if spacing is not None else batch.get("spacing")
                     rows = _segmentation_scores(pred, label, num_classes, metrics, case_spacing)
                 else:

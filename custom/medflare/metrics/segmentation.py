@@ -13,6 +13,12 @@ Conventions for empty masks (per case and foreground class; documented here once
     * mean pixel accuracy: classes absent from the target are left out of the mean.
 Aggregates over cases use ``nanmean`` and report how many values were nan
 (see :func:`nanmean_with_count` and :func:`medflare.metrics.evaluate`).
+
+Where it runs: the functions return CPU tensors. :func:`per_class_scores` and
+:func:`mean_pixel_accuracy` take ``device``: :func:`medflare.metrics.evaluate` scores each batch where the
+model ran (a GPU when there is one), with MONAI's metric classes on the whole batch (``DiceMetric`` on
+the label maps, ``HausdorffDistanceMetric`` and ``ConfusionMatrixMetric`` on their one-hot encoding).
+MONAI's HD95 runs its distance transforms on the GPU when cuCIM/CuPy are installed, else on the CPU.
 """
 
 from __future__ import annotations
@@ -38,8 +44,10 @@ __all__ = [
 ]
 
 
-def check_label_maps(pred: torch.Tensor, target: torch.Tensor, num_classes: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate two (B, 1, *spatial) label maps and return them as int64 CPU tensors.
+def check_label_maps(
+    pred: torch.Tensor, target: torch.Tensor, num_classes: int | None = None, device: str | torch.device = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate two (B, 1, *spatial) label maps and return them as int64 tensors on ``device`` (default CPU).
 
     Raises MedflareError naming ``pred``/``target``/``num_classes`` on a wrong shape or value range.
     """
@@ -51,47 +59,51 @@ def check_label_maps(pred: torch.Tensor, target: torch.Tensor, num_classes: int 
     for key, t in (("pred", pred), ("target", target)):
         if t.is_floating_point() and not torch.equal(t, t.round()):
             raise MedflareError(f"'{key}' must hold integer class labels (got non-integer floats)")
-    pred, target = pred.detach().cpu().long(), target.detach().cpu().long()
+    pred, target = pred.detach().to(device).long(), target.detach().to(device).long()
     if num_classes is not None:
         if not isinstance(num_classes, int) or num_classes < 2:
             raise MedflareError(f"'num_classes' must be an int >= 2 (background + foreground), got {num_classes!r}")
         for key, t in (("pred", pred), ("target", target)):
-            if t.numel() and (t.min() < 0 or t.max() >= num_classes):
-                raise MedflareError(
-                    f"'{key}' has labels in [{int(t.min())}, {int(t.max())}], outside [0, num_classes={num_classes})"
-                )
+            if t.numel():
+                lo, hi = torch.aminmax(t)
+                if lo < 0 or hi >= num_classes:
+                    raise MedflareError(
+                        f"'{key}' has labels in [{int(lo)}, {int(hi)}], outside [0, num_classes={num_classes})"
+                    )
     return pred, target
 
 
 def _one_hot(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One-hot (B, num_classes, *spatial) of two checked label maps, on their device."""
     from monai.networks.utils import one_hot
 
-    pred, target = check_label_maps(pred, target, num_classes)
     return one_hot(pred, num_classes), one_hot(target, num_classes)
 
 
 def dice(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
     """Dice 2|P∩T|/(|P|+|T|) per case and foreground class: label maps (B,1,...) -> (B, num_classes-1).
 
-    MONAI ``compute_dice`` with ``include_background=False, ignore_empty=False``: both empty -> 1,
+    MONAI ``DiceMetric`` with ``include_background=False, ignore_empty=False``: both empty -> 1,
     one empty -> 0, so the value is never nan.
     """
-    return _dice_one_hot(*_one_hot(pred, target, num_classes))
+    return per_class_scores(pred, target, num_classes, ["dice"])["dice"]
 
 
-def _dice_one_hot(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    from monai.metrics import compute_dice
+def _dice_labels(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Dice on the label maps themselves (no one-hot copy), per case and foreground class."""
+    from monai.metrics import DiceMetric
 
-    return compute_dice(p, t, include_background=False, ignore_empty=False).float()
+    metric = DiceMetric(include_background=False, reduction="none", ignore_empty=False, num_classes=num_classes)
+    return metric(pred, target).float()
 
 
 def hd95(pred: torch.Tensor, target: torch.Tensor, num_classes: int, spacing=None) -> torch.Tensor:
     """95th-percentile symmetric Hausdorff distance: (B,1,...) -> (B, num_classes-1), in mm with ``spacing``.
 
-    MONAI ``compute_hausdorff_distance(percentile=95)``; nan where pred or target of a class is empty.
+    MONAI ``HausdorffDistanceMetric(percentile=95)``; nan where pred or target of a class is empty.
     ``spacing``: voxel size per spatial axis, for all cases or one row per case (default: pixels).
     """
-    return _hd95_one_hot(*_one_hot(pred, target, num_classes), spacing=spacing)
+    return per_class_scores(pred, target, num_classes, ["hd95"], spacing=spacing)["hd95"]
 
 
 def _spacing(spacing, batch: int, dims: int):
@@ -112,13 +124,14 @@ def _empty(p: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _hd95_one_hot(p: torch.Tensor, t: torch.Tensor, spacing=None) -> torch.Tensor:
-    from monai.metrics import compute_hausdorff_distance
+    from monai.metrics import HausdorffDistanceMetric
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # MONAI warns on every empty mask; nan is our documented answer
-        out = compute_hausdorff_distance(p, t, include_background=False, percentile=95,
-                                         spacing=_spacing(spacing, p.shape[0], p.ndim - 2)).float()
+        metric = HausdorffDistanceMetric(include_background=False, percentile=95, reduction="none")
+        out = metric(p, t, spacing=_spacing(spacing, p.shape[0], p.ndim - 2)).float()
     empty_p, empty_t = _empty(p, t)
+    out = out.to(empty_p.device)
     out[empty_p | empty_t] = float("nan")
     out[torch.isinf(out)] = float("nan")
     return out
@@ -130,7 +143,7 @@ def surface_dice(pred: torch.Tensor, target: torch.Tensor, num_classes: int, tol
     The fraction of both boundaries lying within ``tolerance`` of the other (Nikolov et al. 2021), MONAI
     ``compute_surface_dice``; both empty -> 1, one empty -> 0.
     """
-    return _surface_dice_one_hot(*_one_hot(pred, target, num_classes), tolerance, spacing)
+    return per_class_scores(pred, target, num_classes, [f"surface_dice_{tolerance}mm"], spacing=spacing)[f"surface_dice_{tolerance}mm"]
 
 
 def _surface_dice_one_hot(p: torch.Tensor, t: torch.Tensor, tolerance: float, spacing=None) -> torch.Tensor:
@@ -148,41 +161,41 @@ def _surface_dice_one_hot(p: torch.Tensor, t: torch.Tensor, tolerance: float, sp
 
 def _confusion_one_hot(p: torch.Tensor, t: torch.Tensor, names: Sequence[str]) -> dict[str, torch.Tensor]:
     """Confusion-matrix metrics ``names`` (e.g. "sensitivity") from one shared confusion matrix."""
-    from monai.metrics import compute_confusion_matrix_metric, get_confusion_matrix
+    from monai.metrics import ConfusionMatrixMetric, compute_confusion_matrix_metric
 
-    cm = get_confusion_matrix(p, t, include_background=False)  # (B, C-1, 4): tp, fp, tn, fn
+    cm = ConfusionMatrixMetric(include_background=False, metric_name=list(names), reduction="none")(p, t)  # (B, C-1, 4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return {name: compute_confusion_matrix_metric(name, cm).float() for name in names}
 
 
-def _confusion(pred: torch.Tensor, target: torch.Tensor, num_classes: int, name: str) -> torch.Tensor:
-    return _confusion_one_hot(*_one_hot(pred, target, num_classes), [name])[name]
+def per_class_scores(
+    pred: torch.Tensor, target: torch.Tensor, num_classes: int, names: Sequence[str], device: str | torch.device = "cpu",
+    spacing=None,
+) -> dict[str, torch.Tensor]:
+    """Several of dice/hd95/surface_dice_<t>mm/sensitivity/specificity of a batch at once: {name: (B, num_classes-1)} on ``device``.
 
-
-def per_class_scores(pred: torch.Tensor, target: torch.Tensor, num_classes: int, names: Sequence[str],
-                     spacing=None) -> dict[str, torch.Tensor]:
-    """Several of dice/hd95/surface_dice_<t>mm/sensitivity/specificity at once: {name: (B, num_classes-1)}.
-
-    Same values as calling each function, but the label maps are checked and one-hot encoded once,
-    and sensitivity and specificity share one confusion matrix. ``spacing``: see :func:`hd95`.
+    Same values as calling each function, but the label maps are checked once, one-hot encoded once (only
+    when a metric needs it: Dice does not), and sensitivity and specificity share one confusion matrix.
+    ``spacing``: see :func:`hd95`.
     """
-    p, t = _one_hot(pred, target, num_classes)
-    out: dict[str, torch.Tensor] = {}
-    if "dice" in names:
-        out["dice"] = _dice_one_hot(p, t)
-    if "hd95" in names:
-        out["hd95"] = _hd95_one_hot(p, t, spacing)
-    for name in names:
-        tolerance = surface_tolerance(name)
-        if tolerance is not None:
-            out[name] = _surface_dice_one_hot(p, t, tolerance, spacing)
-    confusion = [n for n in ("sensitivity", "specificity") if n in names]
-    if confusion:
-        out.update(_confusion_one_hot(p, t, confusion))
-    unknown = set(names) - set(out)
+    surface = {name: surface_tolerance(name) for name in names if surface_tolerance(name) is not None}
+    unknown = set(names) - {"dice", "hd95", "sensitivity", "specificity"} - set(surface)
     if unknown:
         raise MedflareError(f"per_class_scores: unknown metric(s) {sorted(unknown)}")
+    pred, target = check_label_maps(pred, target, num_classes, device)
+    out: dict[str, torch.Tensor] = {}
+    if "dice" in names:
+        out["dice"] = _dice_labels(pred, target, num_classes)
+    confusion = [n for n in ("sensitivity", "specificity") if n in names]
+    if "hd95" in names or confusion or surface:
+        p, t = _one_hot(pred, target, num_classes)
+        if "hd95" in names:
+            out["hd95"] = _hd95_one_hot(p, t, spacing)
+        for name, tolerance in surface.items():
+            out[name] = _surface_dice_one_hot(p, t, tolerance, spacing)
+        if confusion:
+            out.update(_confusion_one_hot(p, t, confusion))
     return out
 
 
@@ -199,27 +212,28 @@ def surface_tolerance(name: str) -> float | None:
 
 def sensitivity(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
     """TP/(TP+FN) per case and foreground class: (B,1,...) -> (B, num_classes-1); nan if the class is absent."""
-    return _confusion(pred, target, num_classes, "sensitivity")
+    return per_class_scores(pred, target, num_classes, ["sensitivity"])["sensitivity"]
 
 
 def specificity(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
     """TN/(TN+FP) per case and foreground class: (B,1,...) -> (B, num_classes-1); nan if the class fills the image."""
-    return _confusion(pred, target, num_classes, "specificity")
+    return per_class_scores(pred, target, num_classes, ["specificity"])["specificity"]
 
 
-def mean_pixel_accuracy(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """Mean pixel accuracy (Long et al. 2015, the MPA of FedST): (B,1,...) -> (B,).
+def mean_pixel_accuracy(
+    pred: torch.Tensor, target: torch.Tensor, num_classes: int, device: str | torch.device = "cpu"
+) -> torch.Tensor:
+    """Mean pixel accuracy (Long et al. 2015, the MPA of FedST): (B,1,...) -> (B,) on ``device``.
 
     Per case, the mean over classes present in the target (background included) of the fraction
-    of that class's pixels predicted as that class, ``n_cc / t_c``.
+    of that class's pixels predicted as that class, ``n_cc / t_c``; computed for the whole batch at once.
     """
-    pred, target = check_label_maps(pred, target, num_classes)
-    p, t = pred.flatten(1), target.flatten(1)
-    out = torch.empty(p.shape[0])
-    for b in range(p.shape[0]):
-        per_class = [((p[b] == c) & (t[b] == c)).sum().item() / n for c in range(num_classes) if (n := (t[b] == c).sum().item())]
-        out[b] = float(np.mean(per_class)) if per_class else float("nan")
-    return out
+    pred, target = check_label_maps(pred, target, num_classes, device)
+    p, t = _one_hot(pred, target, num_classes)
+    hits = (p * t).flatten(2).sum(-1).double()  # (B, C): n_cc
+    counts = t.flatten(2).sum(-1).double()  # (B, C): t_c
+    per_class = torch.where(counts > 0, hits / counts.clamp(min=1), torch.full_like(hits, float("nan")))
+    return torch.nanmean(per_class, dim=1).float()
 
 
 def variation_of_information(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

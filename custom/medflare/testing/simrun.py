@@ -52,7 +52,8 @@ def run_simulator(
 ) -> SimRun:
     """``nvflare simulator job -w workspace -n N -t N [-c names]`` with FLARE's memory advice; raises on timeout.
 
-    Sites get cpu_count // N compute threads each (OMP_NUM_THREADS, unless the caller's environment sets it).
+    Each site process takes its share of the cores itself (:mod:`medflare.common.compute`); ``env`` (e.g.
+    ``{"OMP_NUM_THREADS": "1"}``) is added to the environment of the run.
     ``local_files`` (``{name: dict or text}``) are written to ``workspace/local/``, which the simulator copies into
     every site's and the server's ``local/`` (e.g. ``{"medflare_site.json": {...}}``, ``{"privacy.json": {...}}``).
     """
@@ -67,9 +68,7 @@ def run_simulator(
     ]
     if clients:
         cmd += ["-c", ",".join(clients)]
-    # One process per site: share the cores between them instead of letting each spawn a thread per core.
-    threads_per_site = str(max(1, (os.cpu_count() or 1) // n_clients))
-    full_env = {"OMP_NUM_THREADS": threads_per_site, **os.environ, "MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env = {**os.environ, "MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1", **(env or {})}
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from nvflare.apis.fl_component import FLComponent
 from nvflare.apis.fl_context import FLContext
@@ -15,7 +16,8 @@ WATCHED = (AppEventType.ROUND_STARTED, AppEventType.BEFORE_AGGREGATION, AppEvent
 
 
 class EventRecorder(FLComponent):
-    """Appends ``{"event", "round", "has_result"}`` for each watched server event to ``<run dir>/<file_name>`` (JSON lines).
+    """Appends ``{"event", "round", "has_result", "time"}`` for each watched server event to ``<run dir>/<file_name>``
+    (JSON lines; ``time`` is the wall clock in seconds, for per-round timings in benchmarks).
 
     Args:
         file_name: file in the job's run folder. Default "events.jsonl".
@@ -34,6 +36,7 @@ class EventRecorder(FLComponent):
             "event": event_type,
             "round": fl_ctx.get_prop(AppConstants.CURRENT_ROUND),
             "has_result": fl_ctx.get_prop(AppConstants.AGGREGATION_RESULT) is not None,
+            "time": time.time(),
         }
         with open(os.path.join(run_dir, self.file_name), "a") as f:
             f.write(json.dumps(row) + "\n")

@@ -90,9 +90,19 @@ class SiteRounds(ModelController):
         self.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, rnd, private=True, sticky=False)
         self.fl_ctx.set_prop(AppConstants.NUM_ROUNDS, total, private=True, sticky=False)
         if validated is not None:
-            learnable = make_model_learnable(weights=validated.params, meta_props=validated.meta)
-            self.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, learnable, private=True, sticky=True)
+            self.publish_global(validated)
         self.event(AppEventType.ROUND_STARTED)
+
+    def publish_global(self, model: FLModel) -> None:
+        """Set ``model`` as the FL context's GLOBAL_MODEL (what a persistor saves when a best model is announced)."""
+        learnable = make_model_learnable(weights=model.params, meta_props=model.meta)
+        self.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, learnable, private=True, sticky=True)
+
+    def announce_best(self, value: float) -> None:
+        """Fire GLOBAL_BEST_MODEL_AVAILABLE with VALIDATION_RESULT = ``value``, as FLARE's IntimeModelSelector does,
+        for a workflow that judges the published GLOBAL_MODEL itself: the persistor saves it as the best model."""
+        self.fl_ctx.set_prop(AppConstants.VALIDATION_RESULT, float(value), private=True, sticky=False)
+        self.event(AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
 
     def aggregate(self, results: Mapping[str, FLModel], combine: Callable[[Mapping[str, FLModel]], Any]) -> Any:
         """``combine(results)`` between BEFORE_AGGREGATION and AFTER_AGGREGATION (with AGGREGATION_RESULT)."""

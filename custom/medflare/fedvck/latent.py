@@ -22,7 +22,6 @@ import types
 from typing import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from medflare import ConfigError
@@ -79,7 +78,9 @@ def bn_statistics(model: nn.Module, mode: str, stats: BNStatistics | None = None
             mean, var = _batch_stats(x)
             if mode == "record":
                 out.layers.append((mean.detach(), var.detach()))
-        return F.batch_norm(x, mean, var, bn.weight, bn.bias, training=False, momentum=0.0, eps=bn.eps)
+        shape = [1, -1] + [1] * (x.ndim - 2)
+        y = (x - mean.view(shape)) / torch.sqrt(var.view(shape) + bn.eps)
+        return y * bn.weight.view(shape) + bn.bias.view(shape) if bn.affine else y
 
     try:
         for bn in layers:

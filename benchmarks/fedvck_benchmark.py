@@ -14,6 +14,7 @@ network and the same number of rounds. The federated jobs run in the FLARE simul
     no_lrc     w/o L_rc              (fedvck.contrastive_weight = 0)
     no_pw      w/o P_w               (fedvck.importance = false: uniform real batches)
     no_latent  w/o latent constraints (fedvck.latent_constraints = false: each batch with its own BN statistics)
+    no_lrc_pw  w/o L_rc and P_w, the paper's "w.o. L_rc + P_w" row
     no_all     w/o all three (FedDM-like distribution matching), the paper's "w.o. all" row
 
 Local-only and centralised train the preset's network with its ``train`` section for ``rounds x train.epochs`` epochs.
@@ -53,10 +54,11 @@ ABLATIONS = {
     "no_lrc": {"contrastive_weight": 0.0},
     "no_pw": {"importance": False},
     "no_latent": {"latent_constraints": False},
+    "no_lrc_pw": {"contrastive_weight": 0.0, "importance": False},
     "no_all": {"contrastive_weight": 0.0, "importance": False, "latent_constraints": False},
 }
 LABELS = {"fedvck": "FedVCK", "no_lrc": "FedVCK w/o L_rc", "no_pw": "FedVCK w/o P_w", "no_latent": "FedVCK w/o latent constraints",
-          "no_all": "FedVCK w/o all (FedDM-like)", "fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD",
+          "no_lrc_pw": "FedVCK w/o L_rc + P_w", "no_all": "FedVCK w/o all (FedDM-like)", "fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD",
           "local": "local only", "central": "centralised"}
 
 
@@ -88,8 +90,32 @@ def run_fedvck(name: str, sites: list[str], rounds: int, preset: str, overrides:
         upload_bytes={"mean": statistics.fmean(upload), "max": max(upload), "min": min(upload)} if upload else {},
         condense_s={"mean": statistics.fmean(condense_s), "median": statistics.median(condense_s), "max": max(condense_s)} if condense_s else {},
         update_s=statistics.fmean(v for _, v in server.get("time/update_s", [])) if server.get("time/update_s") else None,
+        audit=copy_audit(result, sites, preset, overrides),
     )
     return table
+
+
+def copy_audit(result, sites: list[str], preset: str, overrides: dict) -> dict[str, float]:
+    """Nearest-real-image RMS distance of every condensed image of the last kept round (to its own site's training
+    images) against the sites' own spacing (median distance of a real image to its nearest other one)."""
+    from medflare.data import load_site
+    from medflare.fedvck.audit import nearest_distances
+    from medflare.fedvck.condense import stack_dataset
+
+    data = get_preset(preset, overrides)["data"]
+    last = result.condensed[max(result.condensed, key=int)]
+    ratios, dists, spacings = [], [], []
+    for site, part in last.items():
+        if not len(part["labels"]):
+            continue
+        real, _ = stack_dataset(load_site(site, data).train)
+        d = nearest_distances(part["images"].float() / 255.0, real)
+        spacing = float(nearest_distances(real, real, exclude_self=True).median())
+        dists += d.tolist()
+        spacings.append(spacing)
+        ratios.append(float(d.min()) / spacing)
+    return {"min_distance": min(dists), "median_distance": statistics.median(dists), "median_spacing": statistics.median(spacings),
+            "min_ratio": min(ratios), "images": len(dists)}
 
 
 def row_cells(row: dict[str, Any]) -> tuple[str, str]:
@@ -116,6 +142,14 @@ def write_tables(rows: dict[str, dict[str, dict[str, Any]]], args, model_bytes: 
             up, cs = r["upload_bytes"], r["condense_s"]
             lines.append(f"| {LABELS[m]}, Dir({b}) | {up['mean']:,.0f} ({up['min']:,.0f}-{up['max']:,.0f}) | {up['mean'] / model_bytes:.3f} | "
                          f"{cs['mean']:.1f} ({cs['max']:.1f}) | {r['update_s']:.1f} | {r['seconds']:.0f} | {r['load'][0]:.1f}-{r['load'][1]:.1f} |")
+    lines += ["", "Condensed images vs the real images of their own site (last round; RMS pixel distance in [0, 1] units; a copy would be <= 0.002):", "",
+              "| run | condensed images | nearest-real distance min (median) | real spacing median | min / spacing |", "|---|---|---|---|---|"]
+    for b in betas:
+        for m in methods:
+            a = rows[b].get(m, {}).get("audit")
+            if a:
+                lines.append(f"| {LABELS[m]}, Dir({b}) | {a['images']} | {a['min_distance']:.3f} ({a['median_distance']:.3f}) | "
+                             f"{a['median_spacing']:.3f} | {a['min_ratio']:.2f} |")
     text = "\n".join(lines) + "\n"
     (out / "table.md").write_text(text)
     (out / "results.json").write_text(json.dumps(rows, indent=2, default=float))

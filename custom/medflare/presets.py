@@ -149,7 +149,8 @@ def _with_fedvck(base: str, overrides: Mapping, fedvck: Mapping) -> dict[str, An
 PRESETS["fedvck_synthetic"] = _with_fedvck(
     "cls_synthetic",
     {"model": {"args": {"in_channels": 1, "num_classes": 10, "image_size": 28, "width": 32}}},
-    {"ipc_percent": 5.0, "min_ipc": 5, "iterations": 30, "real_batch": 32, "image_lr": 0.5, "server_steps": 100, "server_batch": 64},
+    {"ipc_percent": 5.0, "min_ipc": 5, "iterations": 20, "real_batch": 16, "image_lr": 0.5, "server_steps": 100, "server_batch": 64,
+     "server_lr": 0.03},
 )
 # End-to-end tests: a third of the images, a width-16 ConvNet, short condensation and update.
 PRESETS["fedvck_synthetic_tiny"] = _with_fedvck(

@@ -1,5 +1,6 @@
-"""The FedVCK job in the FLARE simulator: the global model learns from condensed sets alone (above the majority-class
-baseline and above FedAvg on the same sites, preset and rounds), every reply holds only the allowed parts, the job runs
+"""The FedVCK job in the FLARE simulator on the sites' own .npz files (MEDFLARE_DATA): the global model learns from
+condensed sets alone (above the majority-class baseline and above FedAvg on the same sites, preset and rounds), every
+reply holds only the allowed parts, the job runs
 under the sites' ``no_weights`` privacy scope (FLARE's DXOBlocker) with the condensed-set filter, while FedAvg is
 refused under that scope and the job ends; the saved result reloads and `medflare evaluate` / `show` / `sample` work.
 
@@ -22,7 +23,7 @@ from medflare.testing.simrun import count_images, run_simulator
 pytestmark = pytest.mark.slow
 
 PRESET = "fedvck_synthetic_tiny"
-CLIENTS = ["site-3", "site-4", "site-6", "site-7"]  # the four largest tiny sites: 8 of the 10 classes between them
+CLIENTS = ["site-2", "site-3", "site-4", "site-7"]  # larger tiny sites: 7 classes with >= 10 images between them
 ROUNDS = 3
 REPO_PRIVACY = "app_configs/site/local/privacy.json"
 RECORDER = {"id": "payloads", "path": "medflare.testing.widgets.PayloadRecorder", "args": {}}
@@ -62,7 +63,11 @@ def _majority_baseline():
     return np.bincount(labels).max() / len(labels)
 
 
-def test_fedvck_learns_beats_fedavg_and_sends_only_condensed_knowledge_under_no_weights(repo, tmp_path):
+def test_fedvck_learns_beats_fedavg_and_sends_only_condensed_knowledge_under_no_weights(repo, tmp_path, monkeypatch):
+    # the sites' own MedMNIST-layout .npz files through MEDFLARE_DATA (the job unchanged), written by `medflare data`
+    data_dir = tmp_path / "npz"
+    assert medflare_main(["data", "--preset", PRESET, "-n", "10", "--out", str(data_dir)]) == 0
+    monkeypatch.setenv("MEDFLARE_DATA", str(data_dir))
     # the sites' privacy scope "condensed": no weights may leave (DXOBlocker), condensed sets capped and noised
     folder = _job(repo, tmp_path, "fedvck", scope="condensed", workflow_args={"num_rounds": ROUNDS}, server_components=[RECORDER])
     # the tiny preset condenses >= 3 images per class (min_ipc); the scope's filter lets 2 per class leave
@@ -70,6 +75,7 @@ def test_fedvck_learns_beats_fedavg_and_sends_only_condensed_knowledge_under_no_
                         local_files={"privacy.json": _privacy(repo, max_per_class=2)})
     assert run.returncode == 0, run.log[-4000:]
     assert "EXECUTION_EXCEPTION" not in run.log and "PrivacyError" not in run.log, run.log[-4000:]
+    assert f"data {data_dir}" in run.log  # the sites read the .npz files, not the embedded cache
     result = run.app_server / RESULT_FILE
     assert result.is_file() and (run.app_server / "FL_global_model.pt").is_file() and (run.app_server / "best_FL_global_model.pt").is_file()
 

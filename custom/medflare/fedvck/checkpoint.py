@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from medflare import ResultFileError
-from medflare.common.results import Predictor, Result, description_of, network_from
+from medflare.common.results import Predictor, Result, description_of, network_from, save_checkpoint
 from medflare.fedvck.contrastive import Projector
 
 RESULT_FILE = "FedVCK_result.pt"
@@ -55,9 +55,7 @@ def save_result(
         "round": int(round_num),
         "metrics": {k: float(v) for k, v in (metrics or {}).items()},
     }
-    tmp = f"{path}.tmp"
-    torch.save(data, tmp)
-    os.replace(tmp, path)
+    save_checkpoint(data, path)
 
 
 class FedVCKResult(Result):

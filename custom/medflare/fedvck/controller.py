@@ -81,14 +81,15 @@ class FedVCKController(SiteRounds):
                   condense_task=condense_task, validate_task=validate_task)
         self.cfg = get_preset(preset, overrides)
         self.fv = FedVCKConfig.from_preset(self.cfg)  # a bad kernel or p% fails when the job is built, naming the key
-        self.num_classes = int(self.cfg["model"]["args"]["num_classes"])
 
     # ---- state -------------------------------------------------------------------------------
     def _init_state(self) -> None:
         self.site_names = self.sites()
         self.torch_device = pick_device(self.device)
         self.model = build_from_spec(self.cfg["model"])
-        check_encoder(self.model, self.num_classes, self.preset)
+        classifier = getattr(self.model, "classifier", None)
+        self.num_classes = int(getattr(classifier, "out_features", 0))
+        check_encoder(self.model, self.cfg["data"].get("num_classes") or self.num_classes, self.preset)
         start = self.load_model()  # the persistor's initial model (the preset's network from the seed)
         load_numpy_state(self.model, {k: np.asarray(v) for k, v in start.params.items()}, who="the persistor")
         self.model.to(self.torch_device)

@@ -2,7 +2,7 @@
 
 Task "condense" (every round t): load the global model M_t from the task data; score it on the validation
 split; compute its logits on every training image (one pass serves Eq. 7 and Eq. 11); weigh the images by
-the self-ensemble error of M_t and the M_{t-1} kept from the last round (Eq. 5-7); run the round's
+the self-ensemble error of M_t and M_{t-1} (Eq. 5-7; M_{t-1}'s logits are kept from the last round); run the round's
 condensation steps on the warm-started condensed set (:func:`.condense.condense`); reply with one COLLECTION
 (:mod:`.protocol`): the uint8 condensed set, the logit prototypes with class counts, the validation metrics.
 
@@ -31,7 +31,7 @@ from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from medflare import ConfigError
 from medflare.common.component import keep_args
-from medflare.common.payload import load_numpy_state, state_to_numpy
+from medflare.common.payload import load_numpy_state
 from medflare.common.site_config import setting
 from medflare.common.site_executor import SiteExecutor, format_metrics
 from medflare.data.util import stable_seed
@@ -64,8 +64,8 @@ class FedVCKExecutor(SiteExecutor):
     Args (besides :class:`medflare.common.site_executor.SiteExecutor`'s preset, overrides, device, seed,
     num_overlays, overlay_every): condense_task, validate_task: task names. Defaults "condense", "validate".
     The algorithm's settings are the preset's ``fedvck`` section (:class:`medflare.fedvck.config.FedVCKConfig`).
-    The condensed set and the previous global model stay in memory between rounds, so the simulator needs
-    ``-t`` equal to ``-n``.
+    The condensed set and the previous global model's logits stay in memory between rounds, so the simulator
+    needs ``-t`` equal to ``-n``.
     """
 
     def __init__(self, *args, condense_task: str = P.TASK_CONDENSE, validate_task: str = P.TASK_VALIDATE, **kwargs):
@@ -76,7 +76,7 @@ class FedVCKExecutor(SiteExecutor):
         self.register_task(condense_task, self.condense)
         self.register_task(validate_task, self.score_only)
         self.cset: CondensedSet | None = None
-        self.prev_state: dict | None = None
+        self.prev_logits: torch.Tensor | None = None
 
     def setup(self, fl_ctx: FLContext) -> None:
         if self.data.task != "classification":
@@ -123,11 +123,9 @@ class FedVCKExecutor(SiteExecutor):
 
         fv = self.fv
         logits_now = predict_logits(self.model, self.real_images, self.torch_device)
-        prev = self.new_model() if self.prev_state is not None else None
-        if prev is not None:
-            load_numpy_state(prev, self.prev_state, who="this site (previous global model)")
-        logits_prev = predict_logits(prev, self.real_images, self.torch_device) if prev is not None else logits_now
-        self.prev_state = state_to_numpy(self.model)  # M_t becomes next round's M_{t-1}
+        # M_{t-1}'s logits on the same images are last round's M_t logits: kept instead of the model (round 0: M_{-1} = M_0)
+        logits_prev = self.prev_logits if self.prev_logits is not None else logits_now
+        self.prev_logits = logits_now
         scoring_s = time.perf_counter() - tic
 
         logs: dict[str, float] = {}

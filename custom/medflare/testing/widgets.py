@@ -14,6 +14,13 @@ WATCHED = (AppEventType.ROUND_STARTED, AppEventType.BEFORE_AGGREGATION, AppEvent
            AppEventType.GLOBAL_BEST_MODEL_AVAILABLE, AppEventType.BEFORE_CONTRIBUTION_ACCEPT)
 
 
+def _append(fl_ctx: FLContext, file_name: str, row: dict) -> None:
+    """Append ``row`` as a JSON line to ``file_name`` in the job's run folder."""
+    run_dir = fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id())
+    with open(os.path.join(run_dir, file_name), "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
 class EventRecorder(FLComponent):
     """Appends ``{"event", "round", "has_result"}`` for each watched server event to ``<run dir>/<file_name>`` (JSON lines).
 
@@ -28,15 +35,11 @@ class EventRecorder(FLComponent):
     def handle_event(self, event_type: str, fl_ctx: FLContext) -> None:
         if event_type not in WATCHED:
             return
-        engine = fl_ctx.get_engine()
-        run_dir = engine.get_workspace().get_run_dir(fl_ctx.get_job_id())
-        row = {
+        _append(fl_ctx, self.file_name, {
             "event": event_type,
             "round": fl_ctx.get_prop(AppConstants.CURRENT_ROUND),
             "has_result": fl_ctx.get_prop(AppConstants.AGGREGATION_RESULT) is not None,
-        }
-        with open(os.path.join(run_dir, self.file_name), "a") as f:
-            f.write(json.dumps(row) + "\n")
+        })
 
 
 def _describe_dxo(dxo) -> dict:
@@ -79,8 +82,5 @@ class PayloadRecorder(FLComponent):
             dxo = from_shareable(shareable)
         except ValueError:
             return
-        row = {"site": peer.get_identity_name(), "round": fl_ctx.get_prop(AppConstants.CURRENT_ROUND),
-               "dxo": _describe_dxo(dxo), "meta_keys": sorted(dxo.meta or {})}
-        run_dir = fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id())
-        with open(os.path.join(run_dir, self.file_name), "a") as f:
-            f.write(json.dumps(row) + "\n")
+        _append(fl_ctx, self.file_name, {"site": peer.get_identity_name(), "round": fl_ctx.get_prop(AppConstants.CURRENT_ROUND),
+                                         "dxo": _describe_dxo(dxo), "meta_keys": sorted(dxo.meta or {})})

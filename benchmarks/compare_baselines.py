@@ -34,13 +34,13 @@ REPO = Path(__file__).resolve().parents[1]
 FL_JOBS = ("fedavg", "fedprox", "scaffold")
 
 
-def score_sites(model, sites: list[str], preset: str, split: str = "test", predict=None) -> dict[str, Any]:
-    """``site_table`` of one model (or ``predict`` callable) evaluated on each site's ``split``.
+def score_sites(model, sites: list[str], preset: str, split: str = "test", predict=None, overrides=None) -> dict[str, Any]:
+    """``site_table`` of one model (or ``predict`` callable) evaluated on each site's ``split`` (preset + ``overrides``).
 
     A ``predict`` that records its routing (a FedSM super model's predictor: ``reset()``, ``choices``) adds
     ``table["choices"] = {site: [routing of every case]}``.
     """
-    cfg = get_preset(preset)
+    cfg = get_preset(preset, overrides)
     per_site, choices = {}, {}
     for site in sites:
         d = load_site(site, cfg["data"])
@@ -56,33 +56,33 @@ def score_sites(model, sites: list[str], preset: str, split: str = "test", predi
     return table
 
 
-def run_fl(job: str, sites: list[str], rounds: int, preset: str, work: Path) -> dict[str, Any]:
+def run_fl(job: str, sites: list[str], rounds: int, preset: str, work: Path, overrides=None) -> dict[str, Any]:
     """Run ``jobs/<job>`` in the simulator; returns the test table of its last global model and its curve."""
-    folder = customize_job(REPO / "jobs" / job, work / job, preset=preset,
+    folder = customize_job(REPO / "jobs" / job, work / job, preset=preset, overrides=overrides,
                            workflow_args={"num_rounds": rounds, "num_clients": len(sites)})
     run = run_simulator(folder, work / f"ws_{job}", len(sites), clients=sites, timeout=3600)
     model_file = run.app_server / "FL_global_model.pt"
     if run.returncode != 0 or not model_file.is_file():
         raise RuntimeError(f"{job} failed:\n{run.log[-3000:]}")
     scalars = run.scalars()
-    key = get_preset(preset)["eval"]["key_metric"]
+    key = get_preset(preset, overrides)["eval"]["key_metric"]
     curve = [
         sum(dict(scalars[s][f"val_global/{key}"]).get(r, float("nan")) for s in sites) / len(sites)
         for r in range(rounds)
     ]
     model = load_result(model_file).model
-    table = score_sites(model, sites, preset)
+    table = score_sites(model, sites, preset, overrides=overrides)
     # Sites validate the global model they receive, so round r's score is that of r completed rounds.
     table.update(curve=curve, curve_x=list(range(rounds)), seconds=run.seconds)
     return table
 
 
-def run_standalone_row(mode: str, sites: list[str], rounds: int, preset: str) -> dict[str, Any]:
+def run_standalone_row(mode: str, sites: list[str], rounds: int, preset: str, overrides=None) -> dict[str, Any]:
     """Local-only or centralised with the same number of passes over the data as ``rounds`` FL rounds."""
     from medflare.baselines.standalone import run_standalone
 
-    epochs_per_round = get_preset(preset)["train"]["epochs"]
-    table = run_standalone(mode, preset, sites, epochs=rounds * epochs_per_round, log=lambda m: None)
+    epochs_per_round = get_preset(preset, overrides)["train"]["epochs"]
+    table = run_standalone(mode, preset, sites, epochs=rounds * epochs_per_round, overrides=overrides, log=lambda m: None)
     # One point per FL round: the validation score after that round's worth of epochs.
     table["curve"] = table["curve"][epochs_per_round - 1 :: epochs_per_round]
     table["curve_x"] = list(range(1, rounds + 1))

@@ -234,3 +234,39 @@ PRESETS["seg_images_2d"] = {
 # epoch matters more than the paper's setting. Validation batches change no score, so they are 8 cases
 # everywhere (eval.batch_size); on a 2-core CPU batch 1 and batch 8 inference cost the same per case.
 PRESETS["seg_paper"]["eval"]["batch_size"] = 8
+
+# ---- FedVCK presets ----
+# The ``fedvck`` section is read by medflare.fedvck.config.FedVCKConfig (every key documented there and in
+# jobs/fedvck/README.md); it lists every key, so overrides can change any of them. ``train`` is unused by
+# FedVCK and kept so that the baselines run on the same preset.
+def _with_fedvck(base: str, overrides: Mapping, fedvck: Mapping) -> dict[str, Any]:
+    from medflare.fedvck.config import FedVCKConfig
+
+    preset = _derive(base, overrides)
+    preset["fedvck"] = FedVCKConfig(**fedvck).as_dict()
+    return preset
+
+
+# Default job on the 2-core CPU: the 10 embedded classification sites, a width-32 ConvNet (as FedAvg is run on it).
+PRESETS["fedvck_synthetic"] = _with_fedvck(
+    "cls_synthetic",
+    {"model": {"args": {"in_channels": 1, "num_classes": 10, "image_size": 28, "width": 32}}},
+    {"ipc_percent": 5.0, "min_ipc": 5, "iterations": 20, "real_batch": 16, "image_lr": 0.5, "server_steps": 100, "server_batch": 64,
+     "server_lr": 0.03},
+)
+# End-to-end tests: a third of the images, a width-16 ConvNet, short condensation and update.
+PRESETS["fedvck_synthetic_tiny"] = _with_fedvck(
+    "cls_synthetic_tiny",
+    {"model": {"args": {"in_channels": 1, "num_classes": 10, "image_size": 28, "width": 16}}},
+    {"ipc_percent": 5.0, "min_ipc": 3, "iterations": 15, "real_batch": 16, "image_lr": 0.5, "server_steps": 60, "server_batch": 64},
+)
+# The paper's scale (GPU): ConvNetBN width 128 with the reference's 3-pixel first padding (~320K parameters),
+# 28x28 MedMNIST-layout .npz per site (MEDFLARE_DATA), p = 1 %, 5000 condensation steps on 256 real images per
+# class, 1000 server epochs per round at batch 256 (reference run.sh, PathMNIST/OrganSMNIST rows). Set
+# data.num_classes / model.args.num_classes to the data set's (Path 9, OCT 4, OrganS 11) and p to 1, 2 or 5.
+_PAPER_MODEL = {"model": {"args": {"in_channels": 1, "num_classes": 10, "image_size": 28, "width": 128, "first_padding": 3}}}
+_PAPER_FEDVCK = {"ipc_percent": 1.0, "min_ipc": 5, "iterations": 5000, "real_batch": 256, "image_lr": 0.2, "server_epochs": 1000,
+                 "server_batch": 256, "server_lr": 0.001, "contrastive_weight": 0.1, "temperature": 0.1, "top_k": 5}
+PRESETS["cls_medmnist_paper"] = _with_fedvck("cls_medmnist", _PAPER_MODEL, _PAPER_FEDVCK)
+# The same scale on the embedded synthetic sites (the benchmark's sites on a GPU).
+PRESETS["fedvck_synthetic_paper"] = _with_fedvck("cls_synthetic", _PAPER_MODEL, _PAPER_FEDVCK)

@@ -7,12 +7,14 @@
 
 from medflare.baselines.recipe import FedAvgRecipe, FedProxRecipe, ScaffoldRecipe
 from medflare.fedsm.recipe import FedSMRecipe
+from medflare.fedvck.recipe import FedVCKRecipe
 
 RECIPES = {
     "fedavg": FedAvgRecipe,
     "fedprox": FedProxRecipe,
     "scaffold": ScaffoldRecipe,
     "fedsm": FedSMRecipe,
+    "fedvck": FedVCKRecipe,
 }
 
-__all__ = ["RECIPES", "FedAvgRecipe", "FedProxRecipe", "FedSMRecipe", "ScaffoldRecipe"]
+__all__ = ["RECIPES", "FedAvgRecipe", "FedProxRecipe", "FedSMRecipe", "FedVCKRecipe", "ScaffoldRecipe"]

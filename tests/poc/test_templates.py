@@ -56,12 +56,13 @@ def _result_filters(manager, scope):
 
 
 def test_privacy_scopes_load_with_their_filters(privacy):
-    assert sorted(privacy.name_to_scopes) == ["no_weights", "standard", "strict"]
+    assert sorted(privacy.name_to_scopes) == ["condensed", "no_weights", "standard", "strict"]
     assert privacy.get_scope(None).name == "standard"  # a job that names no scope
     assert privacy.get_scope("no-such-scope") is None  # what makes FLARE refuse such a job
     assert _result_filters(privacy, "standard") == []
     assert [type(f).__name__ for f in _result_filters(privacy, "strict")] == ["PercentilePrivacy"]
     assert [type(f).__name__ for f in _result_filters(privacy, "no_weights")] == ["DXOBlocker"]
+    assert [type(f).__name__ for f in _result_filters(privacy, "condensed")] == ["DXOBlocker", "CondensedSetFilter"]
 
 
 def test_strict_scope_filters_weight_diffs(privacy):

@@ -87,6 +87,13 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
+def save_checkpoint(data: Mapping[str, Any], path: str | os.PathLike) -> None:
+    """``torch.save`` of a result dict, atomically (written beside ``path``, then renamed: a reader never sees half a file)."""
+    tmp = f"{path}.tmp"
+    torch.save(dict(data), tmp)
+    os.replace(tmp, path)
+
+
 def description_of(data: Mapping[str, Any]) -> dict[str, Any] | None:
     """The ``train_conf["medflare"]`` entry of a checkpoint dict, or None."""
     conf = data.get(CONF_KEY)

@@ -121,6 +121,12 @@ class SiteRounds(ModelController):
         learnable = make_model_learnable(weights=validated.params, meta_props=dict(validated.meta or {}))
         self.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, learnable, private=True, sticky=True)
 
+    def announce_best(self, value: float) -> None:
+        """Fire GLOBAL_BEST_MODEL_AVAILABLE with VALIDATION_RESULT = ``value``, as FLARE's IntimeModelSelector does,
+        for a workflow that judges the published GLOBAL_MODEL itself: the persistor saves it as the best model."""
+        self.fl_ctx.set_prop(AppConstants.VALIDATION_RESULT, float(value), private=True, sticky=False)
+        self.event(AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
+
     def aggregate(self, results: Mapping[str, FLModel], combine: Callable[[Mapping[str, FLModel]], Any]) -> Any:
         """``combine(results)`` between BEFORE_AGGREGATION and AFTER_AGGREGATION (with AGGREGATION_RESULT)."""
         self.event(AppEventType.BEFORE_AGGREGATION)

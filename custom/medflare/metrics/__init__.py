@@ -26,7 +26,7 @@ from medflare.metrics.segmentation import (
     surface_dice,
     variation_of_information,
 )
-from medflare.metrics.visualize import PALETTE, overlay_image
+from medflare.metrics.visualize import PALETTE, image_grid, overlay_image
 
 __all__ = [
     "CLASSIFICATION_METRICS",
@@ -40,6 +40,7 @@ __all__ = [
     "dice",
     "evaluate",
     "hd95",
+    "image_grid",
     "logits_to_label_map",
     "mean_pixel_accuracy",
     "metrics_for_round",

@@ -1,4 +1,4 @@
-"""Side-by-side image | ground truth | prediction panels for TensorBoard image summaries."""
+"""Side-by-side image | ground truth | prediction panels and image grids for TensorBoard image summaries."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from medflare import MedflareError
 
-__all__ = ["PALETTE", "overlay_image"]
+__all__ = ["PALETTE", "image_grid", "overlay_image"]
 
 #: RGB colour of each foreground class (class k uses PALETTE[(k - 1) % len(PALETTE)]).
 PALETTE = np.array(
@@ -66,3 +66,23 @@ def overlay_image(
 
     panel = np.concatenate([base, blend(lab), blend(prd)], axis=1)  # (H, 3W, 3)
     return np.clip(np.rint(panel), 0, 255).astype(np.uint8).transpose(2, 0, 1)
+
+
+def image_grid(images: torch.Tensor | np.ndarray, columns: int = 8, pad: int = 1) -> np.ndarray:
+    """(N, C, H, W) images (uint8, or floats in [0, 1]) tiled row by row, ``columns`` per row, ``pad`` white pixels
+    between them: uint8 (3, rows*(H+pad)-pad, cols*(W+pad)-pad), CHW like :func:`overlay_image` (grey images repeated
+    to RGB, RGB kept, other channel counts shown by their first channel)."""
+    arr = _to_numpy(images)
+    if arr.ndim != 4 or not len(arr):
+        raise MedflareError(f"image_grid: images must be a non-empty (N, C, H, W) array, got shape {arr.shape}")
+    if arr.dtype != np.uint8:
+        arr = np.rint(np.clip(arr.astype(np.float32), 0.0, 1.0) * 255).astype(np.uint8)
+    arr = arr if arr.shape[1] == 3 else np.repeat(arr[:, :1], 3, axis=1)
+    n, _, h, w = arr.shape
+    cols = max(1, min(columns, n))
+    rows = -(-n // cols)
+    grid = np.full((3, rows * (h + pad) - pad, cols * (w + pad) - pad), 255, dtype=np.uint8)
+    for i in range(n):
+        r, c = divmod(i, cols)
+        grid[:, r * (h + pad) : r * (h + pad) + h, c * (w + pad) : c * (w + pad) + w] = arr[i]
+    return grid

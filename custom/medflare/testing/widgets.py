@@ -1,4 +1,7 @@
-"""FLARE widgets for tests: components that only watch a job, as FLARE's own widgets do."""
+"""FLARE widgets for tests and benchmarks: components that only watch a job, as FLARE's own widgets do.
+
+Each appends JSON rows to a file in the job's run folder, which a test reads after the simulator ends.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +9,11 @@ import json
 import os
 import time
 
+from nvflare.apis.dxo import DXO, DataKind, from_shareable
 from nvflare.apis.fl_component import FLComponent
+from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import ReservedHeaderKey
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 
@@ -15,7 +21,20 @@ WATCHED = (AppEventType.ROUND_STARTED, AppEventType.BEFORE_AGGREGATION, AppEvent
            AppEventType.GLOBAL_BEST_MODEL_AVAILABLE, AppEventType.BEFORE_CONTRIBUTION_ACCEPT)
 
 
-class EventRecorder(FLComponent):
+class _JsonLinesRecorder(FLComponent):
+    """A widget that appends JSON rows to ``<run dir>/<file_name>``."""
+
+    def __init__(self, file_name: str):
+        super().__init__()
+        self.file_name = file_name
+
+    def append(self, fl_ctx: FLContext, row: dict) -> None:
+        run_dir = fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id())
+        with open(os.path.join(run_dir, self.file_name), "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+class EventRecorder(_JsonLinesRecorder):
     """Appends ``{"event", "round", "has_result", "time"}`` for each watched server event to ``<run dir>/<file_name>``
     (JSON lines; ``time`` is the wall clock in seconds, for per-round timings in benchmarks).
 
@@ -24,19 +43,67 @@ class EventRecorder(FLComponent):
     """
 
     def __init__(self, file_name: str = "events.jsonl"):
-        super().__init__()
-        self.file_name = file_name
+        super().__init__(file_name)
 
     def handle_event(self, event_type: str, fl_ctx: FLContext) -> None:
         if event_type not in WATCHED:
             return
-        engine = fl_ctx.get_engine()
-        run_dir = engine.get_workspace().get_run_dir(fl_ctx.get_job_id())
-        row = {
+        self.append(fl_ctx, {
             "event": event_type,
             "round": fl_ctx.get_prop(AppConstants.CURRENT_ROUND),
             "has_result": fl_ctx.get_prop(AppConstants.AGGREGATION_RESULT) is not None,
             "time": time.time(),
-        }
-        with open(os.path.join(run_dir, self.file_name), "a") as f:
-            f.write(json.dumps(row) + "\n")
+        })
+
+
+def describe_dxo(dxo: DXO) -> dict:
+    """``{"kind", "keys": {key: [dtype, shape]}}`` of a DXO, or ``{"kind", "parts": {name: ...}}`` for a COLLECTION."""
+    import numpy as np
+
+    if dxo.data_kind == DataKind.COLLECTION:
+        return {"kind": dxo.data_kind, "parts": {k: describe_dxo(v) for k, v in (dxo.data or {}).items() if isinstance(v, DXO)}}
+    keys = {}
+    for key, value in (dxo.data or {}).items():
+        arr = np.asarray(value)
+        keys[key] = [str(arr.dtype), list(arr.shape)]
+    return {"kind": dxo.data_kind, "keys": keys}
+
+
+def dxo_kinds(dxo: DXO) -> list[str]:
+    """Data kinds of a DXO and, for a COLLECTION, of every part (recursively)."""
+    kinds = [dxo.data_kind]
+    if dxo.data_kind == DataKind.COLLECTION and isinstance(dxo.data, dict):
+        for part in dxo.data.values():
+            if isinstance(part, DXO):
+                kinds += dxo_kinds(part)
+    return kinds
+
+
+class PayloadRecorder(_JsonLinesRecorder):
+    """Appends, for every site reply the server accepts, ``{"task", "site", "round", "kinds", "dxo", "meta_keys"}``
+    (JSON lines) to ``<run dir>/<file_name>``: what crossed the wire after the site's filters -- the data kinds
+    (collections opened), and per part the data keys with dtype and shape, and the DXO meta's keys.
+
+    Args:
+        file_name: file in the job's run folder. Default "payloads.jsonl".
+    """
+
+    def __init__(self, file_name: str = "payloads.jsonl"):
+        super().__init__(file_name)
+
+    def handle_event(self, event_type: str, fl_ctx: FLContext) -> None:
+        if event_type != AppEventType.BEFORE_CONTRIBUTION_ACCEPT:
+            return
+        peer = fl_ctx.get_peer_context()
+        shareable = peer.get_prop(FLContextKey.SHAREABLE) if peer is not None else None
+        if shareable is None:
+            return
+        row = {"task": shareable.get_header(ReservedHeaderKey.TASK_NAME) or fl_ctx.get_prop(FLContextKey.TASK_NAME),
+               "site": peer.get_identity_name(default="?"), "round": fl_ctx.get_prop(AppConstants.CURRENT_ROUND)}
+        try:
+            dxo = from_shareable(shareable)
+        except Exception:  # noqa: BLE001 - not a DXO: record that
+            row.update(kinds=["<not a DXO>"], dxo=None, meta_keys=[])
+        else:
+            row.update(kinds=dxo_kinds(dxo), dxo=describe_dxo(dxo), meta_keys=sorted(dxo.meta or {}))
+        self.append(fl_ctx, row)

@@ -1,0 +1,41 @@
+"""What the FedVCK server and sites exchange: task names, reply parts and their DXO data kinds.
+
+Server -> site, task ``condense`` (every round) and ``validate`` (once, after the last round): the global
+model as FULL weights (a WEIGHTS DXO), round numbers in the task header. Nothing else: the algorithm's
+settings come from the preset both sides resolve.
+
+Site -> server: one COLLECTION DXO, each part a DXO of its own data kind, so a site's privacy filters see
+every part and can act on one kind (FLARE's DXOFilter recurses into collections):
+
+- ``condensed`` (:data:`CONDENSED_SET`): ``images`` uint8 (M, C, H, W), ``labels`` int64 (M,), the site's
+  condensed set S after this round (M = 0 when the site shares no class);
+- ``prototypes`` (:data:`LOGIT_PROTOTYPES`): ``logits`` float32 (K, K), row c the mean logit vector of the
+  received model over the site's images of class c (Eq. 11), zero for a class it does not share;
+  ``counts`` int64 (K,), the number of those images (0 = not shared);
+- ``metrics`` (FLARE's METRICS): the received model's validation ``accuracy`` and ``val_cases``
+  (``validate`` task: validation and test scores).
+
+No weights, gradients or BN statistics leave a site, so the ``no_weights`` privacy scope (FLARE's DXOBlocker
+on WEIGHTS / WEIGHT_DIFF) lets every FedVCK reply pass.
+"""
+
+from nvflare.apis.dxo import DataKind
+
+TASK_CONDENSE = "condense"
+TASK_VALIDATE = "validate"
+
+#: DXO data kind of a condensed set (custom kind: FLARE's DXO accepts any string; filters select by it)
+CONDENSED_SET = "CONDENSED_SET"
+#: DXO data kind of logit prototypes with class counts
+LOGIT_PROTOTYPES = "LOGIT_PROTOTYPES"
+
+PART_CONDENSED = "condensed"
+PART_PROTOTYPES = "prototypes"
+PART_METRICS = "metrics"
+
+#: reply part -> (data kind, the keys its data may hold; None = any metric name)
+PARTS = {
+    PART_CONDENSED: (CONDENSED_SET, ("images", "labels")),
+    PART_PROTOTYPES: (LOGIT_PROTOTYPES, ("logits", "counts")),
+    PART_METRICS: (DataKind.METRICS, None),
+}

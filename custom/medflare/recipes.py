@@ -6,6 +6,7 @@
 """
 
 from medflare.baselines.recipe import FedAvgRecipe, FedProxRecipe, ScaffoldRecipe
+from medflare.fediod.recipe import FedIODRecipe, FedIODSegRecipe
 from medflare.fedsm.recipe import FedSMRecipe
 
 RECIPES = {
@@ -13,6 +14,8 @@ RECIPES = {
     "fedprox": FedProxRecipe,
     "scaffold": ScaffoldRecipe,
     "fedsm": FedSMRecipe,
+    "fediod": FedIODRecipe,
+    "fediod_seg": FedIODSegRecipe,
 }
 
-__all__ = ["RECIPES", "FedAvgRecipe", "FedProxRecipe", "FedSMRecipe", "ScaffoldRecipe"]
+__all__ = ["RECIPES", "FedAvgRecipe", "FedIODRecipe", "FedIODSegRecipe", "FedProxRecipe", "FedSMRecipe", "ScaffoldRecipe"]

@@ -14,14 +14,21 @@ import numpy as np
 from nvflare.apis.analytix import AnalyticsDataType, LogWriterName
 from nvflare.apis.fl_component import FLComponent
 from nvflare.apis.fl_context import FLContext
+from nvflare.apis.analytix import ANALYTIC_EVENT_TYPE
 from nvflare.apis.utils.analytix_utils import create_analytic_dxo, send_analytic_dxo
 
 
 class SiteTracker:
-    """Sends scalars and images of one site; a no-op for values that are not finite numbers."""
+    """Sends scalars and images of one site; a no-op for values that are not finite numbers.
 
-    def __init__(self, component: FLComponent):
+    ``event_type``: the analytics event fired. A site fires ``analytix_log_stats`` (converted to a federated
+    event by the job's ``ConvertToFedEvent``); the server itself fires ``fed.analytix_log_stats``, which its
+    ``TBAnalyticsReceiver`` writes under ``tb_events/server/``.
+    """
+
+    def __init__(self, component: FLComponent, event_type: str = ANALYTIC_EVENT_TYPE):
         self.component = component
+        self.event_type = event_type
 
     def scalars(self, fl_ctx: FLContext, values: Mapping[str, float], step: int, prefix: str = "") -> None:
         """Send each ``prefix + name`` -> value at ``step`` (the FL round)."""
@@ -35,4 +42,4 @@ class SiteTracker:
 
     def _send(self, fl_ctx: FLContext, tag: str, value, data_type: AnalyticsDataType, step: int) -> None:
         dxo = create_analytic_dxo(tag=tag, value=value, data_type=data_type, writer=LogWriterName.TORCH_TB, global_step=step)
-        send_analytic_dxo(self.component, dxo=dxo, fl_ctx=fl_ctx)
+        send_analytic_dxo(self.component, dxo=dxo, fl_ctx=fl_ctx, event_type=self.event_type)

@@ -7,6 +7,7 @@
       "steps_per_window": 8,       # M: steps whose messages travel together (see controller docstring)
       "windows_per_round": 4,      # windows per FLARE round ("epoch" of the paper: rounds x windows x M steps)
       "tau": 1.0,                  # temperature of Eq. 1 for L_conf and L_unique
+      "mimic_tau": 0.0,            # L_mimic: 0 = squared logit distance (Eq. 10, tau -> inf); > 0 = tau^2 KL at tau
       "lambda_conf": 1.0, "lambda_unique": 1.0, "lambda_mimic": 1.0, "lambda_gan": 1.0,
       "ensemble": "eq8",           # Eq. 8 weights | "labels" (label factor only) | "mean" (1/K); Table 6/7 ablation
       "gan_weighting": "data_size",  # G's GAN terms weighted by pi_k (Eq. 2) | "uniform" (Table 6 "Avg")
@@ -37,6 +38,7 @@ class FedIODConfig:
     steps_per_window: int = 8
     windows_per_round: int = 4
     tau: float = 1.0
+    mimic_tau: float = 0.0
     lambda_conf: float = 1.0
     lambda_unique: float = 1.0
     lambda_mimic: float = 1.0
@@ -68,7 +70,7 @@ class FedIODConfig:
         for key in ("tau", "lr_generator", "lr_student", "lr_discriminator"):
             if not isinstance(getattr(c, key), (int, float)) or getattr(c, key) <= 0:
                 raise ConfigError(f"preset 'fediod.{key}' must be a number > 0, got {getattr(c, key)!r}")
-        for key in ("lambda_conf", "lambda_unique", "lambda_mimic", "lambda_gan"):
+        for key in ("lambda_conf", "lambda_unique", "lambda_mimic", "lambda_gan", "mimic_tau"):
             if not isinstance(getattr(c, key), (int, float)) or getattr(c, key) < 0:
                 raise ConfigError(f"preset 'fediod.{key}' must be a number >= 0, got {getattr(c, key)!r}")
         if c.ensemble not in ENSEMBLES:

@@ -139,9 +139,18 @@ def aggregate(z: Sequence[torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
     return (w * stacked).sum(dim=0)
 
 
-def mimic_loss(student: torch.Tensor, ensemble: torch.Tensor) -> torch.Tensor:
-    """Eq. 10 per input: ``|S(x) - A(x)|^2`` summed over classes, mean over pixels -> ``(B,)``."""
-    return _mean_per_input(((student - ensemble) ** 2).sum(dim=1))
+def mimic_loss(student: torch.Tensor, ensemble: torch.Tensor, tau: float = 0.0) -> torch.Tensor:
+    """Eq. 10 per input -> ``(B,)`` (mean over pixels).
+
+    ``tau = 0`` (the paper's tau -> infinity): ``|S(x) - A(x)|^2``, the squared L2 distance of the logits summed
+    over classes. ``tau > 0``: the KL divergence of Eq. 6 at temperature tau, ``tau^2 KL(p_tau(A) || p_tau(S))``
+    (Table 6's tau = 1 column; tau^2 keeps the gradient scale of Hinton et al.).
+    """
+    if tau <= 0:
+        return _mean_per_input(((student - ensemble) ** 2).sum(dim=1))
+    log_s = torch.log_softmax(student / tau, dim=1)
+    log_a = torch.log_softmax(ensemble / tau, dim=1)
+    return _mean_per_input((log_a.exp() * (log_a - log_s)).sum(dim=1)) * tau**2
 
 
 def discriminator_loss(real_logits: torch.Tensor, fake_logits: torch.Tensor) -> torch.Tensor:

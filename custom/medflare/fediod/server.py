@@ -203,7 +203,7 @@ class Distiller:
             r = [outputs[s][1][m].to(self.device, torch.float32).clamp_min(0).requires_grad_(True) for s in sites]
             student = self.S(xm)
             A = aggregate(z, self._weights(sites, torch.stack(r), xm.shape[0]))
-            conf, uniq, mimic = conf_loss(z, pi, c.tau), unique_loss(z, pi, c.tau), mimic_loss(student, A)
+            conf, uniq, mimic = conf_loss(z, pi, c.tau), unique_loss(z, pi, c.tau), mimic_loss(student, A, c.mimic_tau)
             per_input = c.lambda_conf * conf + c.lambda_unique * uniq - c.lambda_mimic * mimic
             grads = torch.autograd.grad(per_input.sum(), [xm, *z, *r], retain_graph=True, allow_unused=True)
             req.direct.append(grads[0] if grads[0] is not None else torch.zeros_like(xm))
@@ -212,13 +212,13 @@ class Distiller:
                 g_z[s].append(gz if gz is not None else torch.zeros_like(z[i]))
                 g_r[s].append(gr if gr is not None else torch.zeros_like(r[i]))
             # the student's step: min_S L_mimic with the ensemble fixed (Eq. 10)
-            s_loss = mimic_loss(student, A.detach()).mean()
+            s_loss = mimic_loss(student, A.detach(), c.mimic_tau).mean()
             self.opt_s.zero_grad(set_to_none=True)
             s_loss.backward()
             self.opt_s.step()
             totals["conf"] += float(conf.mean().detach())
             totals["jsd"] += float(-uniq.mean().detach())
-            totals["mimic"] += float(s_loss)
+            totals["mimic"] += float(s_loss.detach())
         M = len(window.x)
         req.stats = {k: v / M for k, v in totals.items()}
         req.grads = {s: (torch.stack(g_z[s]).detach(), torch.stack(g_r[s]).detach(), float(c.lambda_gan * gan_w[i]))
@@ -245,7 +245,7 @@ class Distiller:
             for s in used:
                 dx = dx + vjps[s][m].to(self.device, dx.dtype)
             dx = dx / xm.shape[0]
-            out.append(list(torch.autograd.grad(xm, list(self.G.parameters()), dx, allow_unused=True)))
+            out.append(list(torch.autograd.grad(xm, list(self.G.parameters()), dx, allow_unused=True, retain_graph=True)))
         return out
 
     def step_generator(self, grads: list[list[torch.Tensor]]) -> None:

@@ -101,3 +101,10 @@ def test_gan_losses_and_discriminator_score():
     assert L.discriminator_loss(real, fake).item() == pytest.approx(2 * math.log1p(math.exp(-4.0)), rel=1e-5)
     assert torch.allclose(L.generator_adv_loss(fake), torch.full((2,), math.log1p(math.exp(4.0))))
     assert torch.allclose(L.discriminator_score(real), torch.full((2,), 1 / (1 + math.exp(-4.0))))
+
+
+def test_balance_is_negative_entropy_of_the_batch_mean_prediction():
+    one_class = torch.tensor([[BIG, -BIG], [BIG, -BIG]])
+    both = torch.tensor([[BIG, -BIG], [-BIG, BIG]])
+    assert L.balance_loss(one_class).item() == pytest.approx(0.0, abs=1e-6)
+    assert L.balance_loss(both).item() == pytest.approx(-math.log(2), abs=1e-6)  # minimal: classes used equally

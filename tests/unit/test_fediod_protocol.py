@@ -73,6 +73,7 @@ def _single_process_grad(window, ref, cfg, task, drop=()):
     loss = (cfg.lambda_conf * L.conf_loss(z, pi) + cfg.lambda_unique * L.unique_loss(z, pi)
             - cfg.lambda_mimic * L.mimic_loss(Snet(x), A, cfg.mimic_tau)
             + cfg.lambda_gan * sum(pi[i] * L.generator_adv_loss(logits[i]) for i in range(len(keep)))).mean()
+    loss = loss + cfg.lambda_balance * L.balance_loss(A, cfg.tau)
     return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(G.parameters()))])
 
 
@@ -88,6 +89,7 @@ def _federated_grad(dist, fed):
 @pytest.mark.parametrize("task, ensemble, lam", [
     ("classification", "eq8", None),
     ("classification", "labels", {"mimic_tau": 1.0, "lambda_gan": 0.5}),
+    ("classification", "mean", {"lambda_balance": 2.0, "lambda_unique": 0.0}),
     ("segmentation", "eq8", {"lambda_conf": 0.3}),
 ])
 def test_federated_generator_gradient_equals_single_process(task, ensemble, lam):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from nvflare.apis.dxo import DXO, DataKind, from_shareable
+from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable
 from nvflare.apis.signal import Signal
@@ -68,6 +69,8 @@ class FedIODExecutor(SiteExecutor):
         if self.data.task != task or self.data.num_classes != classes or own[0] != channels or own[-1] != size:
             raise DataError(f"site '{self.site}': its data ({self.data.task}, {self.data.num_classes} classes, images {tuple(own)}) do not "
                             f"match the job's preset '{self.preset}' ({task}, {classes} classes, {channels}x{size}x{size})")
+        scope = fl_ctx.get_prop(FLContextKey.EFFECTIVE_JOB_SCOPE_NAME) or "(none)"
+        self.log_info(fl_ctx, f"site '{self.site}': FedIOD runs under privacy scope '{scope}' of its local/privacy.json")
         p = self.privacy
         if p.enabled:
             self.log_info(fl_ctx, f"site '{self.site}': DP on (from its local/medflare_site.json): noise multiplier {p.noise_multiplier}, "
@@ -165,6 +168,5 @@ class FedIODExecutor(SiteExecutor):
         self.tracker.scalars(fl_ctx, {"student/" + k: v for k, v in metrics.items()}, rnd)
         self.log_overlays(fl_ctx, student, "val_student", rnd, shareable.get_header(AppConstants.NUM_ROUNDS))
         self.log_info(fl_ctx, f"round {rnd}: student on '{self.site}': {format_metrics(metrics)}")
-        # FLARE's IntimeModelSelector reads the validation metric from the reply's meta (its convention)
-        reply = collection({P.PART_METRICS: DXO(DataKind.METRICS, metrics)}, {"initial_metrics": metrics, P.STATUS: "ok"})
+        reply = collection({P.PART_METRICS: DXO(DataKind.METRICS, metrics)}, {P.STATUS: "ok"})
         return reply.to_shareable()

@@ -13,6 +13,7 @@ batch is scored like a classification batch of ``B * H * W`` inputs that share t
   (absent in the reference code), normalised per class across sites.
 - :func:`aggregate` is Eq. 9, ``A = sum_k pi_k(x) (.) z_k``; :func:`mimic_loss` is Eq. 10,
   ``E_w |S(G(w)) - A|^2`` (squared L2 over classes, mean over inputs and pixels).
+- :func:`balance_loss`: the reference code's class-balance term (not in the paper; ``lambda_balance``).
 - :func:`discriminator_loss` / :func:`generator_adv_loss`: the adversarial game of Eq. 2 in the classical
   (binary cross-entropy) form the paper says it follows; :func:`discriminator_score` is the ``D_k(x)`` of
   Eq. 8, the mean over patches of the PatchGAN's probability that ``x`` is the site's real data.
@@ -73,6 +74,18 @@ def jsd(z: Sequence[torch.Tensor], pi: Sequence[float] | torch.Tensor, tau: floa
 def unique_loss(z: Sequence[torch.Tensor], pi: Sequence[float] | torch.Tensor, tau: float = 1.0) -> torch.Tensor:
     """Eq. 5 per input: ``-JSD(T_1(x), ..., T_K(x))`` -> ``(B,)``; G *minimises* it, i.e. seeks disagreement."""
     return -jsd(z, pi, tau)
+
+
+def balance_loss(ensemble: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
+    """Class balance of a batch (a scalar): ``sum_c pbar^c log pbar^c`` with ``pbar`` the mean over the batch (and
+    pixels) of ``p_tau(A)``; minimal when the ensemble's predictions use every class equally often.
+
+    Not in the paper's Eq. 11: the reference code adds it (weight 10, per teacher) "to alleviate mode collapse
+    of the unconditional GAN"; here it acts on the ensemble A of Eq. 9, which covers every class even when each
+    teacher knows only a few (Dirichlet label skew).
+    """
+    p = softmax_t(ensemble, tau).movedim(1, -1).reshape(-1, ensemble.shape[1]).mean(dim=0)
+    return (p * torch.log(p.clamp_min(EPS))).sum()
 
 
 def site_weights(sizes: Sequence[float]) -> torch.Tensor:

@@ -39,7 +39,7 @@ import torch
 
 from medflare import MedflareError, PayloadError
 from medflare.fediod.config import FedIODConfig
-from medflare.fediod.losses import aggregate, conf_loss, ensemble_weights, label_ratio, mimic_loss, site_weights, unique_loss
+from medflare.fediod.losses import aggregate, balance_loss, conf_loss, ensemble_weights, label_ratio, mimic_loss, site_weights, unique_loss
 
 
 @dataclass
@@ -205,7 +205,10 @@ class Distiller:
             A = aggregate(z, self._weights(sites, torch.stack(r), xm.shape[0]))
             conf, uniq, mimic = conf_loss(z, pi, c.tau), unique_loss(z, pi, c.tau), mimic_loss(student, A, c.mimic_tau)
             per_input = c.lambda_conf * conf + c.lambda_unique * uniq - c.lambda_mimic * mimic
-            grads = torch.autograd.grad(per_input.sum(), [xm, *z, *r], retain_graph=True, allow_unused=True)
+            total = per_input.sum()
+            if c.lambda_balance:
+                total = total + xm.shape[0] * c.lambda_balance * balance_loss(A, c.tau)
+            grads = torch.autograd.grad(total, [xm, *z, *r], retain_graph=True, allow_unused=True)
             req.direct.append(grads[0] if grads[0] is not None else torch.zeros_like(xm))
             for i, s in enumerate(sites):
                 gz, gr = grads[1 + i], grads[1 + len(sites) + i]

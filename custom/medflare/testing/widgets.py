@@ -37,3 +37,49 @@ class EventRecorder(FLComponent):
         }
         with open(os.path.join(run_dir, self.file_name), "a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+def dxo_kinds(dxo) -> list[str]:
+    """Data kinds of a DXO and, for a COLLECTION, of every part (recursively)."""
+    from nvflare.apis.dxo import DXO, DataKind
+
+    kinds = [dxo.data_kind]
+    if dxo.data_kind == DataKind.COLLECTION and isinstance(dxo.data, dict):
+        for part in dxo.data.values():
+            if isinstance(part, DXO):
+                kinds += dxo_kinds(part)
+    return kinds
+
+
+class ReplyKindRecorder(FLComponent):
+    """Appends ``{"task", "site", "kinds"}`` for every site reply the server accepts to ``<run dir>/<file_name>``:
+    the DXO data kinds (collections opened) that left each site, as the server received them.
+
+    Args:
+        file_name: file in the job's run folder. Default "reply_kinds.jsonl".
+    """
+
+    def __init__(self, file_name: str = "reply_kinds.jsonl"):
+        super().__init__()
+        self.file_name = file_name
+
+    def handle_event(self, event_type: str, fl_ctx: FLContext) -> None:
+        if event_type != AppEventType.BEFORE_CONTRIBUTION_ACCEPT:
+            return
+        from nvflare.apis.dxo import from_shareable
+        from nvflare.apis.fl_constant import FLContextKey
+        from nvflare.apis.shareable import ReservedHeaderKey
+
+        peer = fl_ctx.get_peer_context()
+        shareable = peer.get_prop(FLContextKey.SHAREABLE) if peer is not None else None
+        if shareable is None:
+            return
+        try:
+            kinds = dxo_kinds(from_shareable(shareable))
+        except Exception:  # noqa: BLE001 - not a DXO: record that
+            kinds = ["<not a DXO>"]
+        task = shareable.get_header(ReservedHeaderKey.TASK_NAME) or fl_ctx.get_prop(FLContextKey.TASK_NAME)
+        run_dir = fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id())
+        row = {"task": task, "site": peer.get_identity_name(default="?"), "kinds": kinds}
+        with open(os.path.join(run_dir, self.file_name), "a") as f:
+            f.write(json.dumps(row) + "\n")

@@ -14,7 +14,20 @@ WATCHED = (AppEventType.ROUND_STARTED, AppEventType.BEFORE_AGGREGATION, AppEvent
            AppEventType.GLOBAL_BEST_MODEL_AVAILABLE, AppEventType.BEFORE_CONTRIBUTION_ACCEPT)
 
 
-class EventRecorder(FLComponent):
+class _JsonLinesRecorder(FLComponent):
+    """A widget that appends JSON rows to ``<run dir>/<file_name>``."""
+
+    def __init__(self, file_name: str):
+        super().__init__()
+        self.file_name = file_name
+
+    def append(self, fl_ctx: FLContext, row: dict) -> None:
+        run_dir = fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id())
+        with open(os.path.join(run_dir, self.file_name), "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+class EventRecorder(_JsonLinesRecorder):
     """Appends ``{"event", "round", "has_result"}`` for each watched server event to ``<run dir>/<file_name>`` (JSON lines).
 
     Args:
@@ -22,21 +35,16 @@ class EventRecorder(FLComponent):
     """
 
     def __init__(self, file_name: str = "events.jsonl"):
-        super().__init__()
-        self.file_name = file_name
+        super().__init__(file_name)
 
     def handle_event(self, event_type: str, fl_ctx: FLContext) -> None:
         if event_type not in WATCHED:
             return
-        engine = fl_ctx.get_engine()
-        run_dir = engine.get_workspace().get_run_dir(fl_ctx.get_job_id())
-        row = {
+        self.append(fl_ctx, {
             "event": event_type,
             "round": fl_ctx.get_prop(AppConstants.CURRENT_ROUND),
             "has_result": fl_ctx.get_prop(AppConstants.AGGREGATION_RESULT) is not None,
-        }
-        with open(os.path.join(run_dir, self.file_name), "a") as f:
-            f.write(json.dumps(row) + "\n")
+        })
 
 
 def dxo_kinds(dxo) -> list[str]:
@@ -51,7 +59,7 @@ def dxo_kinds(dxo) -> list[str]:
     return kinds
 
 
-class ReplyKindRecorder(FLComponent):
+class ReplyKindRecorder(_JsonLinesRecorder):
     """Appends ``{"task", "site", "kinds"}`` for every site reply the server accepts to ``<run dir>/<file_name>``:
     the DXO data kinds (collections opened) that left each site, as the server received them.
 
@@ -60,8 +68,7 @@ class ReplyKindRecorder(FLComponent):
     """
 
     def __init__(self, file_name: str = "reply_kinds.jsonl"):
-        super().__init__()
-        self.file_name = file_name
+        super().__init__(file_name)
 
     def handle_event(self, event_type: str, fl_ctx: FLContext) -> None:
         if event_type != AppEventType.BEFORE_CONTRIBUTION_ACCEPT:
@@ -79,7 +86,4 @@ class ReplyKindRecorder(FLComponent):
         except Exception:  # noqa: BLE001 - not a DXO: record that
             kinds = ["<not a DXO>"]
         task = shareable.get_header(ReservedHeaderKey.TASK_NAME) or fl_ctx.get_prop(FLContextKey.TASK_NAME)
-        run_dir = fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id())
-        row = {"task": task, "site": peer.get_identity_name(default="?"), "kinds": kinds}
-        with open(os.path.join(run_dir, self.file_name), "a") as f:
-            f.write(json.dumps(row) + "\n")
+        self.append(fl_ctx, {"task": task, "site": peer.get_identity_name(default="?"), "kinds": kinds})

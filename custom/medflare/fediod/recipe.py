@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from nvflare.app_common.filters.dxo_blocker import DXOBlocker
+
 from medflare.common.recipe import JobRecipe
 from medflare.fediod import protocol as P
 from medflare.fediod.controller import FedIODController
@@ -17,10 +19,13 @@ from medflare.fediod.executor import FedIODExecutor
 from medflare.fediod.persistor import FedIODPersistor
 
 
+WEIGHT_KINDS = ("WEIGHTS", "WEIGHT_DIFF")
+
+
 class FedIODRecipe(JobRecipe):
     """FedIOD (Gong et al. 2024), classification. Args: preset, overrides, num_rounds, seed, device, min_clients,
     scope (the sites' privacy scope the job asks for; default "no_weights": FLARE's DXOBlocker refuses any reply
-    holding weights), and every :class:`~medflare.fediod.controller.FedIODController` argument (validate_every,
+    holding weights; the job also carries that DXOBlocker as its own result filter on every FedIOD task), and every :class:`~medflare.fediod.controller.FedIODController` argument (validate_every,
     num_samples, gradient_trace, min_responses, task_timeout) as keyword arguments."""
 
     job_name = "fediod"
@@ -49,6 +54,13 @@ class FedIODRecipe(JobRecipe):
             min_clients=min_clients,
             meta_props={"scope": scope} if scope else None,
         )
+        # The job itself refuses to send weights, whatever the site's privacy.json says (FLARE's simulator applies
+        # no site scope at all): the same filter the sites' no_weights scope runs, on every FedIOD reply.
+        blocker = DXOBlocker(data_kinds=list(WEIGHT_KINDS))
+        # FLARE's job export writes a component's ``data_kinds`` attribute, which DXOBlocker's base class sets to the
+        # kinds it *looks at* (empty = all); setting it to the blocked kinds exports a loadable config and blocks the same.
+        blocker.data_kinds = list(WEIGHT_KINDS)
+        self.add_client_output_filter(blocker, tasks=list(P.TASKS))
 
 
 class FedIODSegRecipe(FedIODRecipe):

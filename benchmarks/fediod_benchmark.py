@@ -24,14 +24,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
 import torch
 from torch.utils.data import ConcatDataset
 

@@ -1,7 +1,6 @@
 """FedIOD's saved student + generator reloads through the result registry (evaluate / sample / show), the site's
 teacher settings and checkpoints: its own architecture, reuse on a rerun, clear errors for a teacher that does not load."""
 
-import json
 
 import pytest
 import torch

@@ -37,7 +37,6 @@ import numpy as np
 import torch
 from nvflare.apis.dxo import DXO
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
-from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.apis.fl_constant import FLContextKey
 

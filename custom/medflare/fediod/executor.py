@@ -29,7 +29,7 @@ from nvflare.apis.shareable import Shareable
 from nvflare.apis.signal import Signal
 from nvflare.app_common.app_constant import AppConstants
 
-from medflare import DataError, MedflareError, PayloadError
+from medflare import DataError, PayloadError
 from medflare.common.component import keep_args
 from medflare.common.payload import collection, load_numpy_state, unflatten
 from medflare.common.site_executor import SiteExecutor, format_metrics

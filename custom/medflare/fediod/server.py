@@ -31,7 +31,6 @@ over the others) and named in the window's report; G and S stay finite.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, Sequence
 

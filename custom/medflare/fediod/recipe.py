@@ -56,11 +56,12 @@ class FedIODRecipe(JobRecipe):
         )
         # The job itself refuses to send weights, whatever the site's privacy.json says (FLARE's simulator applies
         # no site scope at all): the same filter the sites' no_weights scope runs, on every FedIOD reply.
-        blocker = DXOBlocker(data_kinds=list(WEIGHT_KINDS))
-        # FLARE's job export writes a component's ``data_kinds`` attribute, which DXOBlocker's base class sets to the
-        # kinds it *looks at* (empty = all); setting it to the blocked kinds exports a loadable config and blocks the same.
-        blocker.data_kinds = list(WEIGHT_KINDS)
-        self.add_client_output_filter(blocker, tasks=list(P.TASKS))
+        for task in P.TASKS:  # one entry per task: FLARE exports a multi-task entry's task list in set order
+            blocker = DXOBlocker(data_kinds=list(WEIGHT_KINDS))
+            # FLARE's job export writes a component's ``data_kinds`` attribute, which DXOBlocker's base class sets to the
+            # kinds it *looks at* (empty = all); the blocked kinds export a loadable config and block the same.
+            blocker.data_kinds = list(WEIGHT_KINDS)
+            self.add_client_output_filter(blocker, tasks=[task])
 
 
 class FedIODSegRecipe(FedIODRecipe):

@@ -100,7 +100,8 @@ class FedIODExecutor(SiteExecutor):
         self.tracker.scalars(fl_ctx, metrics, 0, prefix="stage1/")
         self.distiller = site_distiller(self.cfg, self.site, self.teacher_model, self.data.train, self.privacy, self.seed, self.torch_device)
         counts = label_counts(self.data.train, self.data.task, self.data.num_classes)
-        probe = self.teacher_model(self.data.train[0]["image"][None].to(self.torch_device))
+        with torch.no_grad():
+            probe = self.teacher_model(self.data.train[0]["image"][None].to(self.torch_device))
         parts = {
             P.PART_COUNTS: DXO(DataKind.STATISTICS, {"counts": counts.numpy(), "size": np.array([len(self.data.train)], dtype=np.int64)}),
             P.PART_TEACHER: DXO(DataKind.METRICS, {**metrics, "num_outputs": int(probe.shape[1])}),

@@ -270,3 +270,78 @@ _PAPER_FEDVCK = {"ipc_percent": 1.0, "min_ipc": 5, "iterations": 5000, "real_bat
 PRESETS["cls_medmnist_paper"] = _with_fedvck("cls_medmnist", _PAPER_MODEL, _PAPER_FEDVCK)
 # The same scale on the embedded synthetic sites (the benchmark's sites on a GPU).
 PRESETS["fedvck_synthetic_paper"] = _with_fedvck("cls_synthetic", _PAPER_MODEL, _PAPER_FEDVCK)
+
+# ---- FedIOD presets ----
+# Keys besides data/model/train/eval: "fediod" (distillation settings, see medflare.fediod.config). "model" is the
+# student and every site's default teacher (a site may choose its own teacher in local/medflare_site.json);
+# "train" is stage 1 (each site's teacher, trained to completion).
+def _fediod(base: str, overrides: Mapping, fediod: Mapping) -> dict[str, Any]:
+    preset = _derive(base, overrides)
+    preset["fediod"] = copy.deepcopy(dict(fediod))
+    return preset
+
+
+# CPU-scale distillation (measured, benchmarks/RESULTS_fediod.md): L_mimic as tau^2 KL at tau = 1 (Table 6's tau = 1
+# column; Eq. 10's squared logit distance, tau -> inf, lets G's adversarial term outgrow the realism term in short
+# runs and the student then predicts one class on real data), the realism term weighted up against the teacher
+# terms (a few hundred steps leave the GAN far from realistic images otherwise), the reference code's class
+# balance, faster G/D/S learning rates.
+_FEDIOD_CLS_GAN = {"generator": {"name": "latent_generator", "args": {"latent_dim": 64, "width": 32}},
+                   "discriminator": {"name": "patch_critic", "args": {"width": 16, "layers": 2}},
+                   "mimic_tau": 1.0, "lambda_balance": 1.0, "lambda_gan": 5.0, "lambda_conf": 0.2, "lambda_unique": 0.2,
+                   "lambda_mimic": 0.5, "lr_generator": 2e-3, "lr_discriminator": 2e-3, "lr_student": 3e-3}
+# Laptop default (jobs/fediod): 4 sites of the synthetic classes with Dirichlet(0.5) label skew, 28x28, small ConvNets.
+PRESETS["fediod_cls"] = _fediod(
+    "cls_synthetic",
+    {"data": {"num_sites": 4, "beta": 0.5, "scale": 0.5},
+     "model": {"name": "convnet", "args": {"in_channels": 1, "num_classes": 10, "image_size": 28, "width": 32}},
+     "train": {"epochs": 20, "batch_size": 32, "lr": 0.02}},
+    {**_FEDIOD_CLS_GAN, "batch_size": 64, "steps_per_window": 10, "windows_per_round": 5},
+)
+# Tiny variant for end-to-end tests on a 2-core CPU: 3 sites, a third of the images, narrow ConvNets.
+PRESETS["fediod_cls_tiny"] = _fediod(
+    "cls_synthetic",
+    {"data": {"num_sites": 3, "beta": 0.1, "scale": 0.3},
+     "model": {"name": "convnet", "args": {"in_channels": 1, "num_classes": 10, "image_size": 28, "width": 16}},
+     "train": {"epochs": 10, "batch_size": 32, "lr": 0.02}},
+    {**_FEDIOD_CLS_GAN, "batch_size": 32, "steps_per_window": 8, "windows_per_round": 5},
+)
+# FedIOD paper scale (CIFAR setting): K=20 sites, Dir(0.1), 32x32, ResNet-8 (128/256/512) teachers and student,
+# 100-d noise, PatchGAN critics of width 128, batch 64; run 300 rounds (the paper's epochs).
+PRESETS["fediod_cls_paper"] = _fediod(
+    "cls_synthetic",
+    {"data": {"num_sites": 20, "beta": 0.1, "image_size": 32, "scale": 1.0},
+     "model": {"name": "resnet8", "args": {"in_channels": 1, "num_classes": 10, "widths": [128, 256, 512]}},
+     "train": {"epochs": 500, "batch_size": 16, "lr": 0.0025}},
+    {"generator": {"name": "latent_generator", "args": {"latent_dim": 100, "width": 128}},
+     "discriminator": {"name": "patch_critic", "args": {"width": 128, "layers": 2}},
+     "batch_size": 64, "steps_per_window": 10, "windows_per_round": 10},
+)
+_FEDIOD_SEG_GAN = {"generator": {"name": "label_generator", "args": {"width": 16, "blocks": 3, "downsamplings": 2}},
+                   "discriminator": {"name": "patch_critic", "args": {"width": 16, "layers": 2}}}
+# Segmentation default (jobs/fediod_seg): the synthetic fundus-like sites at 64x64, UNet teachers and student.
+PRESETS["fediod_seg"] = _fediod(
+    "seg_synthetic",
+    {"train": {"epochs": 20, "batch_size": 8, "lr": 3e-3},
+     "eval": {"metrics": ["dice", "sensitivity", "specificity", "hd95"], "key_metric": "dice"}},
+    {**_FEDIOD_SEG_GAN, "batch_size": 8, "steps_per_window": 5, "windows_per_round": 4},
+)
+PRESETS["fediod_seg_tiny"] = _fediod(
+    "seg_synthetic_tiny",
+    {"train": {"epochs": 8, "batch_size": 4, "lr": 1e-2},
+     "eval": {"metrics": ["dice", "sensitivity", "specificity", "hd95"], "key_metric": "dice"}},
+    {"generator": {"name": "label_generator", "args": {"width": 8, "blocks": 2, "downsamplings": 2}},
+     "discriminator": {"name": "patch_critic", "args": {"width": 8, "layers": 2}},
+     "batch_size": 4, "steps_per_window": 4, "windows_per_round": 3},
+)
+# Paper scale (BraTS setting): 256x256, 9-block ResNet generator of width 64, PatchGAN critics (3 layers, width 64),
+# UNet teachers and student, batch 2; run 400 rounds.
+PRESETS["fediod_seg_paper"] = _fediod(
+    "seg_paper",
+    {"train": {"epochs": 50, "batch_size": 16, "lr": 2e-3, "loss": "dicece"},
+     "eval": {"metrics": ["dice", "sensitivity", "specificity", "hd95"], "key_metric": "dice"}},
+    {"generator": {"name": "label_generator", "args": {"width": 64, "blocks": 9, "downsamplings": 2}},
+     "discriminator": {"name": "patch_critic", "args": {"width": 64, "layers": 3}},
+     "batch_size": 2, "steps_per_window": 4, "windows_per_round": 25, "lr_generator": 2e-4, "lr_student": 2e-4,
+     "lr_discriminator": 2e-4},
+)

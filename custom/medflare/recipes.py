@@ -6,6 +6,7 @@
 """
 
 from medflare.baselines.recipe import FedAvgRecipe, FedProxRecipe, ScaffoldRecipe
+from medflare.fediod.recipe import FedIODRecipe, FedIODSegRecipe
 from medflare.fedsm.recipe import FedSMRecipe
 from medflare.fedvck.recipe import FedVCKRecipe
 
@@ -15,6 +16,9 @@ RECIPES = {
     "scaffold": ScaffoldRecipe,
     "fedsm": FedSMRecipe,
     "fedvck": FedVCKRecipe,
+    "fediod": FedIODRecipe,
+    "fediod_seg": FedIODSegRecipe,
 }
 
-__all__ = ["RECIPES", "FedAvgRecipe", "FedProxRecipe", "FedSMRecipe", "FedVCKRecipe", "ScaffoldRecipe"]
+__all__ = ["RECIPES", "FedAvgRecipe", "FedIODRecipe", "FedIODSegRecipe", "FedProxRecipe", "FedSMRecipe", "FedVCKRecipe",
+           "ScaffoldRecipe"]

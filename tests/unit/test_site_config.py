@@ -5,12 +5,14 @@ import json
 import pytest
 
 from medflare import ConfigError
-from medflare.common.site_config import SITE_CONFIG, read_site_config, setting
+from medflare.common.site_config import SECTIONS, SITE_CONFIG, read_site_config, setting
 
 
 def test_absent_file_gives_empty_sections(tmp_path):
-    assert read_site_config(tmp_path, "site-1") == {"privacy": {}, "compute": {}}
-    assert read_site_config(None, "site-1") == {"privacy": {}, "compute": {}}
+    empty = {name: {} for name in SECTIONS}
+    assert set(empty) >= {"privacy", "compute"}
+    assert read_site_config(tmp_path, "site-1") == empty
+    assert read_site_config(None, "site-1") == empty
 
 
 def test_per_site_overlay_wins_for_that_site_only(tmp_path):

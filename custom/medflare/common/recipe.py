@@ -78,6 +78,8 @@ class JobRecipe(Recipe):
         server_components: ``{id: component}`` beside the workflow (persistor, model selector, ...). Default none.
         client_components: ``{id: component}`` beside the executor. Default none.
         min_clients: fewest sites the job needs to start. Default 2.
+        meta_props: extra keys of the job's meta.json, e.g. ``{"scope": "no_weights"}`` (the sites' privacy
+            scope the job runs under). Default none.
     """
 
     def __init__(
@@ -91,8 +93,9 @@ class JobRecipe(Recipe):
         server_components: Mapping[str, Any] | None = None,
         client_components: Mapping[str, Any] | None = None,
         min_clients: int = 2,
+        meta_props: Mapping[str, Any] | None = None,
     ):
-        job = FedJob(name=name, min_clients=min_clients)
+        job = FedJob(name=name, min_clients=min_clients, meta_props=dict(meta_props) if meta_props else None)
         job.set_app_packages(["medflare"])  # installed at every site with pip: never copied into the job
         job.to_server(workflow, id=workflow_id)
         for comp_id, comp in (server_components or {}).items():

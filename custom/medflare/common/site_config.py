@@ -8,6 +8,7 @@ algorithm's documented defaults. Layout (template: app_configs/site/local/medfla
 
     {"privacy": {"<key>": value, ...},          # read by the algorithms; each documents its keys
      "compute": {"threads": 4, "workers": 2},   # read by the executors
+     "fediod": {"teacher": {...}, ...},         # FedIOD: the site's own teacher (medflare.fediod.teacher)
      "per_site": {"site-2": {"privacy": {...}}}} # one machine serving several sites (simulator, POC): overlays by name
 
 Unknown sections are an error naming the file, so a typo does not silently switch a protection off.
@@ -24,7 +25,7 @@ from typing import Any, Mapping
 from medflare import ConfigError
 
 SITE_CONFIG = "medflare_site.json"
-SECTIONS = ("privacy", "compute")
+SECTIONS = ("privacy", "compute", "fediod")
 
 
 def read_site_config(local_dir: str | os.PathLike | None, site: str) -> dict[str, dict[str, Any]]:

@@ -22,8 +22,12 @@ SERVER_EVENT_TYPE = f"fed.{ANALYTIC_EVENT_TYPE}"
 
 
 class SiteTracker:
-    """Sends scalars and images of one site (or, with ``event_type=SERVER_EVENT_TYPE``, of the server); a no-op
-    for values that are not finite numbers."""
+    """Sends scalars and images of one site (or of the server); a no-op for values that are not finite numbers.
+
+    ``event_type``: the analytics event fired. A site fires ``analytix_log_stats`` (converted to a federated
+    event by the job's ``ConvertToFedEvent``); a server component passes :data:`SERVER_EVENT_TYPE`
+    (``fed.analytix_log_stats``), which the job's ``TBAnalyticsReceiver`` writes under ``tb_events/server/``.
+    """
 
     def __init__(self, component: FLComponent, event_type: str = ANALYTIC_EVENT_TYPE):
         self.component = component

@@ -135,6 +135,19 @@ class SiteRounds(ModelController):
         return out
 
     # ---- one exchange with the sites -------------------------------------------------------------
+    def _build_shareable(self, data: FLModel = None) -> Shareable:
+        """An FLModel whose ``params`` is a DXO is sent as that DXO (its own data kind, e.g. generated images or
+        gradients, not FLARE's WEIGHTS); any other FLModel as FLARE sends it."""
+        if not isinstance(data.params, DXO):
+            return super()._build_shareable(data)
+        dxo = DXO(data.params.data_kind, data=data.params.data, meta={**data.params.meta, **(data.meta or {})})
+        shareable = dxo.to_shareable()
+        for header, value in ((AppConstants.CURRENT_ROUND, data.current_round), (AppConstants.NUM_ROUNDS, data.total_rounds)):
+            if value is not None:
+                shareable.set_header(header, value)
+        shareable.add_cookie(AppConstants.CONTRIBUTION_ROUND, data.current_round)
+        return shareable
+
     def _accept_train_result(self, client_name: str, result: Shareable, fl_ctx: FLContext) -> bool:
         rc = result.get_return_code()
         if rc == ReturnCode.TASK_RESULT_FILTER_ERROR:
@@ -150,6 +163,9 @@ class SiteRounds(ModelController):
     def exchange(self, task: str, payloads: Mapping[str, FLModel], rnd: int, min_responses: int | None = None,
                  reply_holds: str = "") -> dict[str, FLModel]:
         """Send each site its own task data (all at once), wait for the standing tasks, return results by site.
+
+        A payload is an FLModel (FLARE's conversion: WEIGHTS / WEIGHT_DIFF / METRICS DXO) or an FLModel whose
+        ``params`` is a DXO, sent with that DXO's own data kind.
 
         Returns {} when the job is aborted. Raises PrivacyError when a site's result filters refused its reply
         (e.g. a scope's DXOBlocker; the message names the job's scope and, from ``reply_holds``, what the reply

@@ -1,0 +1,53 @@
+"""What the FedIOD server and sites exchange: task names, DXO parts and data kinds, meta keys.
+
+Every payload is a DXO whose data FLARE's filters see; each kind of site output has its own data kind, so a
+site's privacy scope can block any one of them (FLARE's ``DXOBlocker`` takes kind names). Replies are
+COLLECTIONs of named parts. Nothing a site sends is a WEIGHTS / WEIGHT_DIFF DXO, so the ``no_weights``
+scope (DXOBlocker on those kinds) passes every FedIOD reply and would refuse any that held weights.
+
+==========================  =====================  ==============================================================
+task                        server -> site         site -> server (COLLECTION parts)
+==========================  =====================  ==============================================================
+``fediod_teacher``          ``FEDIOD_REQUEST`` {}  ``label_counts`` STATISTICS {counts (C,), size (1,)};
+                                                   ``teacher`` METRICS {own-data accuracy/Dice, num_outputs}
+``fediod_outputs``          ``FEDIOD_INPUTS``      ``logits`` FEDIOD_LOGITS {z (M, B, C, *s)};
+                            {x (M,B,C,H,W),        ``scores`` FEDIOD_SCORES {r (M, B)};
+                            y (M,B,1,H,W) seg}     ``privacy`` METRICS {epsilon, delta, ...}
+``fediod_gradients``        ``FEDIOD_OUTPUT_GRA    ``input_gradients`` FEDIOD_INPUT_GRADIENTS {v (M, B, C, H, W)};
+                            DIENTS`` {g_z, g_r,    ``privacy`` METRICS
+                            adv_weight (1,)}
+``fediod_validate``         WEIGHTS (the student)  ``metrics`` METRICS {val_* of the student} (+ FLARE's
+                                                   ``initial_metrics`` meta for its IntimeModelSelector)
+==========================  =====================  ==============================================================
+
+A site that will not answer a window (its epsilon budget would be exceeded) replies with only the
+``privacy`` part and ``STATUS = "stopped"`` plus ``REASON`` in the collection's meta.
+"""
+
+TASK_TEACHER = "fediod_teacher"
+TASK_OUTPUTS = "fediod_outputs"
+TASK_GRADIENTS = "fediod_gradients"
+TASK_VALIDATE = "fediod_validate"
+TASKS = (TASK_TEACHER, TASK_OUTPUTS, TASK_GRADIENTS, TASK_VALIDATE)
+
+# data kinds (DXOBlocker and every DXOFilter select on these)
+KIND_REQUEST = "FEDIOD_REQUEST"
+KIND_INPUTS = "FEDIOD_INPUTS"
+KIND_OUTPUT_GRADIENTS = "FEDIOD_OUTPUT_GRADIENTS"
+KIND_LOGITS = "FEDIOD_LOGITS"
+KIND_SCORES = "FEDIOD_SCORES"
+KIND_INPUT_GRADIENTS = "FEDIOD_INPUT_GRADIENTS"
+
+# parts of a reply
+PART_COUNTS = "label_counts"
+PART_TEACHER = "teacher"
+PART_LOGITS = "logits"
+PART_SCORES = "scores"
+PART_PRIVACY = "privacy"
+PART_GRADIENTS = "input_gradients"
+PART_METRICS = "metrics"
+
+# meta keys
+STATUS = "fediod_status"  # "ok" | "stopped"
+REASON = "fediod_reason"  # why a site stopped
+WINDOW = "fediod_window"  # window index of a request (a reply must answer the window it was asked for)

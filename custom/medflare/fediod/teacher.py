@@ -1,0 +1,127 @@
+"""Stage 1 of FedIOD: a site trains its teacher T_k on its own data to completion, once (no FLARE).
+
+A site chooses its teacher in the ``fediod`` section of its own ``local/medflare_site.json`` (FedIOD is
+model-agnostic: sites may differ in architecture); absent keys fall back to the job's preset (``model``
+and ``train``)::
+
+    {"fediod": {"teacher": {"name": "convnet", "args": {"width": 32}},   # in_channels/num_classes filled in
+                "teacher_train": {"epochs": 20, "lr": 0.01},             # keys of the preset's "train" section
+                "checkpoint_dir": "/secure/fediod_teachers",             # default: $MEDFLARE_CACHE/fediod_teachers
+                "retrain": false}}
+
+The trained teacher is saved at the site (never sent) as a ``model`` result file (``medflare evaluate``
+scores it) under a name derived from the site, its data file and the teacher settings, so a rerun of
+stage 2 loads it instead of training again, and changed data or settings train a new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from medflare import ConfigError, DataError, ResultFileError
+from medflare.common.results import describe, load_result, ModelResult
+from medflare.common.training import make_loader, make_loss, make_optimizer, train_epochs
+from medflare.data.util import cache_root
+from medflare.nets import build_from_spec
+
+SECTION = "fediod"
+SECTION_KEYS = ("teacher", "teacher_train", "checkpoint_dir", "retrain")
+TRAIN_KEYS = ("epochs", "batch_size", "lr", "optimizer", "loss", "max_steps")
+
+
+def data_args(name: str, in_channels: int, num_classes: int, image_size: int) -> dict[str, int]:
+    """The arguments of network ``name`` that the data fix: input channels, classes (``out_channels`` of a
+    UNet, ``num_classes`` of a classifier) and, for the ConvNet, the image side."""
+    args = {"in_channels": in_channels, ("out_channels" if name == "unet" else "num_classes"): num_classes}
+    if name == "convnet":
+        args["image_size"] = image_size
+    return args
+
+
+def teacher_settings(site_config: Mapping[str, Mapping[str, Any]], preset_cfg: Mapping[str, Any], site: str,
+                     num_classes: int, in_channels: int, image_size: int) -> tuple[dict[str, Any], dict[str, Any], Path, bool]:
+    """(model spec, training settings, checkpoint folder, retrain) of ``site``'s teacher; ConfigError names a bad key."""
+    own = dict(site_config.get(SECTION, {}))
+    unknown = sorted(set(own) - set(SECTION_KEYS))
+    if unknown:
+        raise ConfigError(f"site '{site}': unknown key(s) {unknown} in section '{SECTION}' of medflare_site.json (known: {list(SECTION_KEYS)})")
+    spec = own.get("teacher") or preset_cfg["model"]
+    if not isinstance(spec, Mapping) or "name" not in spec:
+        raise ConfigError(f"site '{site}': medflare_site.json '{SECTION}.teacher' must be {{'name': ..., 'args': {{...}}}}, got {spec!r}")
+    args = dict(spec.get("args") or {})
+    # the data decide these, whatever the site wrote (a mismatch would only fail later, deep in torch)
+    args.update(data_args(spec["name"], in_channels, num_classes, image_size))
+    train = {k: v for k, v in preset_cfg["train"].items() if k in TRAIN_KEYS}
+    extra = dict(own.get("teacher_train") or {})
+    bad = sorted(set(extra) - set(TRAIN_KEYS))
+    if bad:
+        raise ConfigError(f"site '{site}': unknown key(s) {bad} in '{SECTION}.teacher_train' (known: {list(TRAIN_KEYS)})")
+    train.update(extra)
+    folder = Path(own["checkpoint_dir"]).expanduser() if own.get("checkpoint_dir") else cache_root() / "fediod_teachers"
+    return {"name": spec["name"], "args": args}, train, folder, bool(own.get("retrain", False))
+
+
+def checkpoint_file(folder: Path, site: str, source: Path, spec: Mapping[str, Any], train: Mapping[str, Any], seed: int) -> Path:
+    """``folder/<site>_<hash>.pt``: the hash covers the data file (path, size, mtime), the teacher spec and its training."""
+    try:
+        stat = os.stat(source)
+        data_id = [str(Path(source).resolve()), stat.st_size, stat.st_mtime_ns]
+    except OSError:
+        data_id = [str(source)]
+    key = json.dumps({"data": data_id, "spec": spec, "train": train, "seed": seed}, sort_keys=True, default=str)
+    return Path(folder) / f"{site}_{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
+
+
+def train_teacher(spec: Mapping[str, Any], train: Mapping[str, Any], dataset, task: str, device, seed: int = 0,
+                  should_stop: Callable[[], bool] | None = None) -> tuple[torch.nn.Module, float]:
+    """Train a fresh ``spec`` network on ``dataset`` for ``train["epochs"]`` epochs; returns (model, mean loss of the last epoch)."""
+    torch.manual_seed(seed)
+    model = build_from_spec(spec).to(device)
+    opt = make_optimizer(train["optimizer"], model.parameters(), train["lr"])
+    loss_fn = make_loss(train["loss"], task)
+    loader = make_loader(dataset, int(train["batch_size"]), True, seed=seed)
+    last = float("nan")
+    for _ in range(int(train["epochs"])):
+        stats = train_epochs(model, loader, loss_fn, opt, epochs=1, device=device, max_steps=int(train.get("max_steps", 0) or 0),
+                             should_stop=should_stop)
+        last = stats.mean_loss
+    return model.eval(), last
+
+
+def save_teacher(path: Path, model: torch.nn.Module, spec: Mapping[str, Any], preset: str, overrides: Mapping[str, Any] | None,
+                 site: str, train: Mapping[str, Any]) -> None:
+    """Write the teacher as a ``model`` result file (atomic), so ``medflare evaluate --model`` scores it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    desc = describe(preset, overrides, kind="model", model=dict(spec), fediod_teacher={"site": site, "train": dict(train)})
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "train_conf": {"medflare": desc}}, tmp)
+    os.replace(tmp, path)
+
+
+def load_teacher(path: Path, spec: Mapping[str, Any], num_classes: int) -> torch.nn.Module:
+    """The teacher saved at ``path``; ResultFileError naming the file when it is unreadable, another
+    architecture or has the wrong number of outputs."""
+    try:
+        result = load_result(path)
+    except (ResultFileError, DataError, ConfigError) as e:
+        raise ResultFileError(f"teacher checkpoint '{path}' does not load: {e}") from e
+    if not isinstance(result, ModelResult):
+        raise ResultFileError(f"teacher checkpoint '{path}' holds kind '{result.kind}', not a single model")
+    if result.description.get("model") != dict(spec):
+        raise ResultFileError(f"teacher checkpoint '{path}' holds {result.description.get('model')}, but the site's teacher is {dict(spec)}")
+    model = result.model
+    outputs = _num_outputs(model)
+    if outputs is not None and outputs != num_classes:
+        raise ResultFileError(f"teacher checkpoint '{path}' predicts {outputs} classes, the site's data has {num_classes}")
+    return model
+
+
+def _num_outputs(model: torch.nn.Module) -> int | None:
+    head = getattr(model, "classifier", None)
+    return int(head.out_features) if isinstance(head, torch.nn.Linear) else None

@@ -1,0 +1,110 @@
+"""FedIOD's math against hand-computed cases: entropy and JSD with the paper's sign, Eq. 8 per-class weights
+normalised across sites (with the discriminator factor), the ensemble A (Eq. 9) and L_mimic (Eq. 10)."""
+
+import math
+
+import pytest
+import torch
+
+from medflare import PayloadError
+from medflare.fediod import losses as L
+
+BIG = 50.0  # logits this far apart give (numerically) one-hot probabilities
+
+
+def test_entropy_of_uniform_and_one_hot():
+    q = torch.tensor([[0.5, 0.5], [1.0, 0.0], [0.25, 0.75]])
+    expected = [math.log(2), 0.0, -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))]
+    assert torch.allclose(L.entropy(q), torch.tensor(expected), atol=1e-6)
+
+
+def test_conf_loss_weighs_each_sites_entropy_by_pi():
+    z_uniform = torch.zeros(1, 2)  # H = ln 2
+    z_sure = torch.tensor([[BIG, -BIG]])  # H = 0
+    assert L.conf_loss([z_uniform, z_sure], [0.25, 0.75]).item() == pytest.approx(0.25 * math.log(2), abs=1e-6)
+
+
+def test_jsd_sign_as_in_the_paper():
+    """Eq. 4: JSD = H(sum pi q) - sum pi H(q) >= 0; Eq. 5: L_unique = -JSD, so G *minimising* it seeks disagreement."""
+    a, b = torch.tensor([[BIG, -BIG]]), torch.tensor([[-BIG, BIG]])
+    assert L.jsd([a, b], [0.5, 0.5]).item() == pytest.approx(math.log(2), abs=1e-6)  # full disagreement
+    assert L.jsd([a, a], [0.5, 0.5]).item() == pytest.approx(0.0, abs=1e-6)  # agreement
+    assert L.unique_loss([a, b], [0.5, 0.5]).item() == pytest.approx(-math.log(2), abs=1e-6)
+    # weighted: pi = (0.25, 0.75), one-hot teachers -> H(mixture) = H(0.25, 0.75)
+    h = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    assert L.jsd([a, b], [0.25, 0.75]).item() == pytest.approx(h, abs=1e-6)
+    # the reference code's inverted sign would make disagreeing teachers the *lower* loss for G: ours is
+    assert L.unique_loss([a, b], [0.5, 0.5]) < L.unique_loss([a, a], [0.5, 0.5])
+
+
+def test_per_pixel_terms_average_over_pixels():
+    z = torch.zeros(1, 2, 3, 3)
+    z[0, 0, 0, 0] = BIG  # one confident pixel, eight uniform ones
+    assert L.conf_loss([z], [1.0]).item() == pytest.approx(8 / 9 * math.log(2), abs=1e-6)
+
+
+def test_site_weights_are_data_shares():
+    assert torch.allclose(L.site_weights([10, 30]), torch.tensor([0.25, 0.75], dtype=torch.float64))
+    with pytest.raises(PayloadError):
+        L.site_weights([0, 0])
+
+
+def test_label_ratio_is_local_share_over_global_share():
+    counts = torch.tensor([[10.0, 0.0, 5.0], [0.0, 10.0, 5.0]])
+    # shares: site 1 (2/3, 0, 1/3), site 2 (0, 2/3, 1/3); global (1/3, 1/3, 1/3)
+    assert torch.allclose(L.label_ratio(counts), torch.tensor([[2.0, 0.0, 1.0], [0.0, 2.0, 1.0]], dtype=torch.float64))
+    # a class no site holds: ratio 1 everywhere (only the discriminator factor decides)
+    none = L.label_ratio(torch.tensor([[3.0, 0.0], [1.0, 0.0]]))
+    assert torch.allclose(none[:, 1], torch.ones(2, dtype=torch.float64))
+    with pytest.raises(PayloadError, match="at least one label"):
+        L.label_ratio(torch.tensor([[0.0, 0.0], [1.0, 2.0]]))
+
+
+def test_eq8_weights_with_discriminator_factor_normalised_per_class():
+    ratio = torch.tensor([[2.0, 0.0, 1.0], [0.0, 2.0, 1.0]])
+    density = torch.tensor([[1.0, 1.0], [3.0, 1.0]])  # (sites, inputs): site 2 finds input 0 three times as "its own"
+    w = L.ensemble_weights(ratio, density)  # (K, B, C)
+    assert w.shape == (2, 2, 3)
+    assert torch.allclose(w.sum(dim=0), torch.ones(2, 3))  # normalised across sites for every class and input
+    # input 0: raw site 1 (2, 0, 1), site 2 (0, 6, 3) -> class 2 split 1:3
+    assert torch.allclose(w[:, 0, :], torch.tensor([[1.0, 0.0, 0.25], [0.0, 1.0, 0.75]]))
+    # input 1: equal densities -> class 2 split by the label factor alone (1:1)
+    assert torch.allclose(w[:, 1, 2], torch.tensor([0.5, 0.5]))
+    # without the discriminator factor (the reference code): the same for every input
+    plain = L.ensemble_weights(ratio, None)
+    assert torch.allclose(plain[:, 0, 2], torch.tensor([0.5, 0.5]))
+
+
+def test_disjoint_label_sets_give_each_class_to_its_owner():
+    counts = torch.tensor([[5.0, 5.0, 0.0, 0.0], [0.0, 0.0, 7.0, 3.0]])
+    w = L.ensemble_weights(L.label_ratio(counts), torch.rand(2, 4) + 0.1)
+    assert torch.allclose(w[0, :, :2], torch.ones(4, 2)) and torch.allclose(w[1, :, 2:], torch.ones(4, 2))
+
+
+def test_aggregate_and_mimic_by_hand():
+    z1, z2 = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[3.0, 2.0, 1.0]])
+    w = torch.tensor([[[1.0, 0.5, 0.0]], [[0.0, 0.5, 1.0]]])  # (K=2, B=1, C=3)
+    A = L.aggregate([z1, z2], w)
+    assert torch.allclose(A, torch.tensor([[1.0, 2.0, 1.0]]))
+    assert L.mimic_loss(torch.zeros(1, 3), A).item() == pytest.approx(1 + 4 + 1)  # Eq. 10: squared L2 over classes
+    # tau > 0: tau^2 KL(p(A) || p(S)); S uniform -> KL = log 3 - H(p(A))
+    p = torch.softmax(A, dim=1)[0]
+    expected = math.log(3) + float((p * torch.log(p)).sum())
+    assert L.mimic_loss(torch.zeros(1, 3), A, tau=1.0).item() == pytest.approx(expected, abs=1e-6)
+    # per-pixel ensemble: weights broadcast over the spatial dimensions
+    zs = [torch.ones(1, 3, 2, 2) * 1.0, torch.ones(1, 3, 2, 2) * 3.0]
+    assert torch.allclose(L.aggregate(zs, w), torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1).expand(1, 3, 2, 2))
+
+
+def test_gan_losses_and_discriminator_score():
+    real, fake = torch.full((2, 1, 3, 3), 4.0), torch.full((2, 1, 3, 3), -4.0)
+    assert L.discriminator_loss(real, fake).item() == pytest.approx(2 * math.log1p(math.exp(-4.0)), rel=1e-5)
+    assert torch.allclose(L.generator_adv_loss(fake), torch.full((2,), math.log1p(math.exp(4.0))))
+    assert torch.allclose(L.discriminator_score(real), torch.full((2,), 1 / (1 + math.exp(-4.0))))
+
+
+def test_balance_is_negative_entropy_of_the_batch_mean_prediction():
+    one_class = torch.tensor([[BIG, -BIG], [BIG, -BIG]])
+    both = torch.tensor([[BIG, -BIG], [-BIG, BIG]])
+    assert L.balance_loss(one_class).item() == pytest.approx(0.0, abs=1e-6)
+    assert L.balance_loss(both).item() == pytest.approx(-math.log(2), abs=1e-6)  # minimal: classes used equally

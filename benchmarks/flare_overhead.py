@@ -5,7 +5,8 @@
 Runs jobs/fedavg in the simulator with 2 clients and a near-empty model/step budget under several
 timing settings, and reports for each: wall seconds per round (between the server's "Round N started"
 lines), the slowest client's compute per round (the whole task, as the site executor logs it),
-and their difference, the overhead. Writes overhead.md and overhead.csv.
+and their difference, the overhead, with the 1-minute load average before and after each run (the machine may
+be shared). Writes overhead.md and overhead.csv.
 
 The settings compared:
   stock   : FLARE's timings: the server asks idle clients to retry in ``server.task_request_interval`` = 2 s
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import re
 import sys
 import tempfile
@@ -71,7 +73,9 @@ def measure(name: str, rounds: int, work: Path) -> dict:
     )
     if not wait:
         _without_wait(job)
+    load_before = os.getloadavg()[0]  # the machine may be shared: every timing comes with its load
     run = run_simulator(job, work / f"ws_{name}", 2, timeout=900)
+    load_after = os.getloadavg()[0]
     starts = _banner_times(run.log, r"Round \d+ started")
     end = _banner_times(run.log, r"Finished FedAvg")
     if run.returncode != 0 or len(starts) != rounds or not end:
@@ -84,7 +88,8 @@ def measure(name: str, rounds: int, work: Path) -> dict:
     per_round.pop("0", None)
     per_round_compute = sum(per_round.values()) / max(1, len(per_round))
     return {"setting": name, "rounds": rounds, "wall_s_per_round": wall, "compute_s_per_round": per_round_compute,
-            "overhead_s_per_round": wall - per_round_compute, "total_s": run.seconds}
+            "overhead_s_per_round": wall - per_round_compute, "total_s": run.seconds,
+            "load_before": load_before, "load_after": load_after}
 
 
 def main(argv=None) -> int:
@@ -101,9 +106,11 @@ def main(argv=None) -> int:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    lines = ["| setting | wall s/round | client compute s/round | FLARE overhead s/round | total s |", "|---|---|---|---|---|"]
+    lines = ["| setting | wall s/round | client compute s/round | FLARE overhead s/round | total s | load before/after |",
+             "|---|---|---|---|---|---|"]
     lines += [
-        f"| {r['setting']} | {r['wall_s_per_round']:.2f} | {r['compute_s_per_round']:.2f} | {r['overhead_s_per_round']:.2f} | {r['total_s']:.1f} |"
+        f"| {r['setting']} | {r['wall_s_per_round']:.2f} | {r['compute_s_per_round']:.2f} | {r['overhead_s_per_round']:.2f} | {r['total_s']:.1f} "
+        f"| {r['load_before']:.1f} / {r['load_after']:.1f} |"
         for r in rows
     ]
     (out / "overhead.md").write_text("\n".join(lines) + "\n")

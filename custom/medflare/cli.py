@@ -27,7 +27,12 @@ from typing import Any, Sequence
 
 from medflare import ConfigError, MedflareError
 
-DATALIST_SPLITS = {"training": "train", "validation": "val", "testing": "test"}
+
+def _split_prefix(split: str) -> str:
+    """"train" / "val" / "test" for any spelling of a split (the data layer's one table of split names)."""
+    from medflare.data.datalists import split_keys
+
+    return split_keys(split)[1]
 
 
 def _sites(args) -> list[str]:
@@ -118,12 +123,12 @@ def _sources(args, data_cfg) -> dict[str, tuple]:
     if args.datalist:
         return {args.datalist: (load_seg_split(args.datalist, args.split, num_classes=num_classes), "segmentation", num_classes)}
     if args.npz:
-        return {args.npz: (load_npz_split(args.npz, DATALIST_SPLITS.get(args.split, args.split), num_classes=num_classes),
+        return {args.npz: (load_npz_split(args.npz, _split_prefix(args.split), num_classes=num_classes),
                            "classification", num_classes)}
     out = {}
     for name in [args.site] if args.site else _sites(args):
         site = load_site(name, data_cfg)
-        out[name] = (getattr(site, DATALIST_SPLITS.get(args.split, args.split)), site.task, site.num_classes)
+        out[name] = (getattr(site, _split_prefix(args.split)), site.task, site.num_classes)
     return out
 
 

@@ -96,7 +96,9 @@ def test_no_weights_scope_refuses_weights_and_passes_other_payloads(privacy):
 def _job_component_paths():
     for config in sorted(REPO.glob("jobs/*/app/config/config_fed_*.json")):
         data = json.loads(config.read_text())
-        comps = [*components(data), *data.get("task_data_filters", []), *data.get("task_result_filters", [])]
+        # filter entries are {"tasks": [...], "filters": [components]} (FLARE's job config format)
+        filters = [f for entry in (*data.get("task_data_filters", []), *data.get("task_result_filters", [])) for f in entry["filters"]]
+        comps = [*components(data), *filters]
         for comp in comps:
             yield config, comp
 

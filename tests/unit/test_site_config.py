@@ -39,3 +39,20 @@ def test_bad_files_name_the_file_and_the_key(tmp_path, content, match):
     with pytest.raises(ConfigError, match=match) as err:
         read_site_config(tmp_path, "site-1")
     assert SITE_CONFIG in str(err.value)
+
+
+def test_the_shipped_template_holds_every_algorithms_defaults(tmp_path):
+    """app_configs' medflare_site.json.example, copied as is, is read by every algorithm and changes no default."""
+    import pathlib
+    import shutil
+
+    from medflare.fediod.privacy import KEYS, PrivacySettings
+
+    template = pathlib.Path(__file__).parents[2] / "app_configs" / "site" / "local" / "medflare_site.json.example"
+    shutil.copy(template, tmp_path / SITE_CONFIG)
+    config = read_site_config(tmp_path, "hospital-a")
+    assert PrivacySettings.from_site_config(config, "hospital-a") == PrivacySettings()
+    assert set(KEYS) <= set(config["privacy"])
+    assert setting(config, "privacy", "fedsm_stats_noise", None) == 0.0
+    from medflare.fedvck.executor import DEFAULT_MIN_CLASS_IMAGES, MIN_CLASS_IMAGES
+    assert setting(config, "privacy", MIN_CLASS_IMAGES, None) == DEFAULT_MIN_CLASS_IMAGES

@@ -35,6 +35,7 @@ from monai.transforms import Compose, RandCropByPosNegLabeld, SpatialPadd, Trans
 from torch.utils.data import Dataset as TorchDataset
 
 from medflare import ConfigError
+from medflare.data.datalists import SEG_SPLITS
 from medflare.data.loaders import cached_dataset
 from medflare.data.transforms import Augment, ToItem, augmentation, check_image_size, preprocess
 from medflare.data.util import stable_seed
@@ -319,7 +320,7 @@ def volume_datasets(entries: Mapping[str, list[dict[str, Any]]], data_cfg: Mappi
     """
     layout = VolumeLayout.from_config(data_cfg)
     transform = volume_transform(data_cfg, layout, num_classes)
-    splits = ("training", "validation", "testing")
+    splits = SEG_SPLITS
     stores = {split: cached_dataset(entries[split], transform, cache, tag) for split in splits}
     seed = stable_seed("volumes", site, int(data_cfg.get("seed", 0)))
     if layout.spatial_dims == 2:
@@ -330,7 +331,7 @@ def volume_datasets(entries: Mapping[str, list[dict[str, Any]]], data_cfg: Mappi
                             for s in splits)
     else:
         augment = Augment(augmentation(data_cfg, 3), seed=seed)
-        for split in ("training", "validation", "testing"):
+        for split in SEG_SPLITS:
             for v in range(len(stores[split])):  # every volume read (and checked) before training starts
                 stores[split][v]
         train = PatchDataset(stores["training"], layout.patch, layout.per_volume, layout.pos_fraction, augment, seed)

@@ -7,12 +7,15 @@
 
 from medflare.baselines.recipe import FedAvgRecipe, FedProxRecipe, ScaffoldRecipe
 from medflare.fedsm.recipe import FedSMRecipe
+from medflare.fedst.recipe import FedSTJoinRecipe, FedSTSeparateRecipe
 
 RECIPES = {
     "fedavg": FedAvgRecipe,
     "fedprox": FedProxRecipe,
     "scaffold": ScaffoldRecipe,
     "fedsm": FedSMRecipe,
+    "fedst_separate": FedSTSeparateRecipe,
+    "fedst_join": FedSTJoinRecipe,
 }
 
-__all__ = ["RECIPES", "FedAvgRecipe", "FedProxRecipe", "FedSMRecipe", "ScaffoldRecipe"]
+__all__ = ["RECIPES", "FedAvgRecipe", "FedProxRecipe", "FedSMRecipe", "FedSTJoinRecipe", "FedSTSeparateRecipe", "ScaffoldRecipe"]

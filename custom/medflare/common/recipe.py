@@ -70,6 +70,8 @@ class JobRecipe(Recipe):
         server_components: ``{id: component}`` beside the workflow (persistor, model selector, ...). Default none.
         client_components: ``{id: component}`` beside the executor. Default none.
         min_clients: fewest sites the job needs to start. Default 2.
+        more_executors: ``[(executor, tasks), ...]`` further client executors, each serving its own tasks (a job whose
+            site work splits into several executors, e.g. FedST's generator training, sampling and segmentation). Default none.
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class JobRecipe(Recipe):
         server_components: Mapping[str, Any] | None = None,
         client_components: Mapping[str, Any] | None = None,
         min_clients: int = 2,
+        more_executors: Sequence[tuple[Any, Sequence[str]]] | None = None,
     ):
         job = FedJob(name=name, min_clients=min_clients)
         job.set_app_packages(["medflare"])  # installed at every site with pip: never copied into the job
@@ -91,6 +94,8 @@ class JobRecipe(Recipe):
             job.to_server(comp, id=comp_id)
         job.to_server(TBAnalyticsReceiver(events=[f"fed.{ANALYTICS_EVENT}"]), id="tb_receiver")
         job.to_clients(executor, tasks=list(tasks))
+        for extra, extra_tasks in more_executors or ():
+            job.to_clients(extra, tasks=list(extra_tasks))
         for comp_id, comp in (client_components or {}).items():
             job.to_clients(comp, id=comp_id)
         job.to_clients(ConvertToFedEvent(events_to_convert=[ANALYTICS_EVENT], fed_event_prefix="fed."), id="event_to_fed")

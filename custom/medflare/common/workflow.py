@@ -90,9 +90,13 @@ class SiteRounds(ModelController):
         self.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, rnd, private=True, sticky=False)
         self.fl_ctx.set_prop(AppConstants.NUM_ROUNDS, total, private=True, sticky=False)
         if validated is not None:
-            learnable = make_model_learnable(weights=validated.params, meta_props=validated.meta)
-            self.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, learnable, private=True, sticky=True)
+            self.publish(validated)
         self.event(AppEventType.ROUND_STARTED)
+
+    def publish(self, model: FLModel) -> None:
+        """Set ``model`` as the FL context's GLOBAL_MODEL (what a persistor saves on GLOBAL_BEST_MODEL_AVAILABLE)."""
+        learnable = make_model_learnable(weights=model.params, meta_props=model.meta)
+        self.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, learnable, private=True, sticky=True)
 
     def aggregate(self, results: Mapping[str, FLModel], combine: Callable[[Mapping[str, FLModel]], Any]) -> Any:
         """``combine(results)`` between BEFORE_AGGREGATION and AFTER_AGGREGATION (with AGGREGATION_RESULT)."""

@@ -4,8 +4,11 @@ sampler, and time per round.
 
     python benchmarks/fedst_benchmark.py [--preset fedst] [--rounds 8] [--parts pair,six,comm,quality]
         [--pair site-1,site-2] [--sites 6] [--methods fedavg,fedprox,scaffold,fedsm,fedst_separate,fedst_join]
-        [--six-methods fedavg,fedst_separate,fedst_join] [--comm-sites 2,3,4] [--overrides JSON]
+        [--six-methods fedavg,fedst_separate,fedst_join] [--comm-sites 2,3,4] [--quality-steps 10,20,50]
         [--out benchmarks/results/fedst]
+
+The reduced run of benchmarks/RESULTS_fedst.md uses ``--preset fedst_small`` (32x32); the full one is the default
+``--preset fedst`` (64x64, the job as shipped) or ``fedst_paper`` on a GPU.
 
 Parts (each method one FLARE simulator run of its job folder as shipped; only preset, rounds and sites changed;
 every method uses the same preset: segmentation network, focal + Dice loss, optimiser, epochs per round):

@@ -143,15 +143,15 @@ def _fedst(base: str, overrides: Mapping, diffusion: Mapping, rounds: int) -> di
     return {**preset, "diffusion": dict(diffusion), "fedst": {"rounds": rounds}}
 
 
-# Laptop default: 64x64 sites, a 4-level generator (16..64 channels, ~1.0M parameters), rectified flow with 20 Euler
+# Laptop default: 64x64 sites, a 4-level generator (8..32 channels, 0.26M parameters), rectified flow with 20 Euler
 # steps (on these sites it draws images a segmentation model reads as well as real ones in 10-20 steps, where DDIM
 # with the same training budget does not; benchmarks/RESULTS_fedst.md).
 PRESETS["fedst"] = _fedst(
     "seg_synthetic", {"train": {"epochs": 2, "batch_size": 8, "lr": 3e-3}},
-    {"generator": {"channels": [16, 32, 64, 64], "num_res_blocks": 1, "attention_levels": [False, False, False, False],
+    {"generator": {"channels": [8, 16, 32, 32], "num_res_blocks": 1, "attention_levels": [False, False, False, False],
                    "norm_num_groups": 8, "num_head_channels": 8},
      "scheduler": "rflow", "prediction": "epsilon", "train_timesteps": 1000, "sampler": "ddim", "sample_steps": 20,
-     "lr": 1e-3, "batch_size": 8, "warmup_steps": 1200, "steps_per_round": 150, "warmup_rounds": 4,
+     "lr": 2e-3, "batch_size": 8, "warmup_steps": 800, "steps_per_round": 100, "warmup_rounds": 3,
      "num_synthetic": 0, "sample_batch": 32},
     rounds=8,
 )
@@ -181,3 +181,8 @@ PRESETS["fedst_paper"] = _fedst(
      "num_synthetic": 0, "sample_batch": 8},
     rounds=50,
 )
+# CPU benchmark on a shared 2-core machine (benchmarks/fedst_benchmark.py): fedst_tiny's networks at 32x32 on all cases
+# of every site (scale 1.0), 8 rounds.
+PRESETS["fedst_small"] = {**_derive("fedst_tiny", {"data": {"scale": 1.0}, "train": {"epochs": 2, "batch_size": 8, "lr": 3e-3},
+                                                   "diffusion": {"warmup_steps": 400, "steps_per_round": 100, "warmup_rounds": 3}}),
+                          "fedst": {"rounds": 8}}

@@ -110,7 +110,11 @@ def _check_common(run, variant, tmp_path, repo):
 
 
 def test_fedst_separate(repo, tmp_path):
-    run = _run(repo, tmp_path, "separate", rounds=3)
+    # the full generator (a WEIGHTS DXO) passes the site's result filters like any model: ExcludeVars here (a pattern that
+    # matches no tensor, so the store stays complete)
+    flt = {"path": "nvflare.app_common.filters.exclude_vars.ExcludeVars", "args": {"exclude_vars": "no_such_tensor"}}
+    run = _run(repo, tmp_path, "separate", rounds=3, task_result_filters=[{"tasks": ["train_generator"], "filters": [flt]}])
+    assert run.log.count("result filters ['ExcludeVars']") == len(CLIENTS), run.log[-3000:]
     _check_common(run, "separate", tmp_path, repo)
     # the style store went out once: each site received the other's generator in round 0 only
     rows = json.loads((run.app_server / "communication.json").read_text())["rows"]

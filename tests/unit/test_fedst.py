@@ -15,7 +15,7 @@ from medflare.common.results import describe, load_result
 from medflare.common.training import make_loader, make_loss, make_optimizer, train_epochs
 from medflare.fedst import comm
 from medflare.fedst import protocol as P
-from medflare.fedst.conditioning import check_domain_vectors, domain_vectors, encode_labels
+from medflare.fedst.conditioning import check_domain_vectors, domain_vectors, encode_labels, participation_mean
 from medflare.fedst.controller import FedSTSeparateController
 from medflare.fedst.diffusion import (build_generator, cycle, diffusion_config, generator_args, sample_images, sampling_scheduler,
                                       simple_loss, train_generator, training_scheduler)
@@ -105,6 +105,32 @@ def test_all_zero_or_missing_domain_vectors_are_refused():
         _forward(_generator(), lab, domain_vectors(0, 2, 2))
 
 
+def test_participation_mean_keeps_an_entry_that_one_site_trains_whole():
+    diffs = [{"shared": np.array([1.0, 2.0], np.float32), "col": np.array([[3.0, 0.0]], np.float32), "n": np.array(5)},
+             {"shared": np.array([3.0, 6.0], np.float32), "col": np.array([[0.0, 8.0]], np.float32), "n": np.array(7)}]
+    out = participation_mean(diffs, [1.0, 3.0])
+    np.testing.assert_allclose(out["shared"], [(1 + 9) / 4, (2 + 18) / 4])  # both sites changed it: weighted mean
+    np.testing.assert_allclose(out["col"], [[3.0, 8.0]])  # each column changed by one site only: that site's update
+    assert out["n"] == 5 and out["shared"].dtype == np.float32
+    with pytest.raises(ValueError, match="one non-negative weight"):
+        participation_mean(diffs, [1.0])
+
+
+def test_only_the_own_domain_column_of_the_domain_module_learns_at_a_site():
+    gen = _generator(num_domains=3, perturb=False)
+    before = state_to_numpy(gen)
+    lab = _labels(4)
+    data = [{"image": torch.rand(1, 8, 8), "label": lab[i]} for i in range(4)]
+    cfg = diffusion_config({"generator": TINY, "scheduler": "rflow"})
+    train_generator(gen, training_scheduler(cfg), torch.optim.Adam(gen.parameters(), lr=1e-2),
+                    cycle(lambda e: make_loader(data, 2, True, seed=e)), 3, domain_index=1)
+    after = state_to_numpy(gen)
+    for i in range(len(gen.modulation)):
+        key = f"modulation.{i}.proj.weight"
+        change = np.abs(after[key] - before[key]).sum(axis=0)  # per domain column
+        assert change[1] > 0 and change[0] == 0 and change[2] == 0, (key, change)
+
+
 # ---- Eq. 2 ----------------------------------------------------------------------------------------
 class _Echo(torch.nn.Module):
     """Returns input channel ``channel``: the noisy image (0) or the first label channel (1)."""
@@ -144,7 +170,7 @@ def test_generator_training_lowers_l_simple_and_sampling_is_seeded():
     images = torch.where(lab == 1, 0.8, torch.where(lab == 2, 0.2, 0.5)).float()
     data = [{"image": images[i], "label": lab[i]} for i in range(16)]
     losses = train_generator(gen, training_scheduler(cfg), torch.optim.Adam(gen.parameters(), lr=cfg["lr"]),
-                             cycle(lambda e: make_loader(data, 8, True, seed=e)), 80)
+                             cycle(lambda e: make_loader(data, 8, True, seed=e)), 60)
     assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])
     a = sample_images(gen, sampling_scheduler(cfg), lab[:2], seed=3)
     b = sample_images(gen, sampling_scheduler(cfg), lab[:2], seed=3)
@@ -297,7 +323,7 @@ def test_a_style_store_missing_a_site_and_untrained_classes_are_named(tmp_path):
 def test_a_generator_file_from_another_preset_is_refused(tmp_path):
     path = _save(tmp_path, preset="fedst_tiny")
     assert check_compatible(path, "separate", "fedst_tiny", fedst_generator_args("fedst_tiny", None, 0), 3).kind == "fedst_style_store"
-    with pytest.raises(ResultFileError, match=r"separate\.pt' \(preset 'fedst_tiny'\) does not fit this job's preset 'fedst': .*channels: file \[8, 16, 16\] vs job \[16, 32, 64, 64\]"):
+    with pytest.raises(ResultFileError, match=r"separate\.pt' \(preset 'fedst_tiny'\) does not fit this job's preset 'fedst': .*channels: file \[8, 16, 16\] vs job \[8, 16, 32, 32\]"):
         check_compatible(path, "separate", "fedst", fedst_generator_args("fedst", None, 0), 3)
     with pytest.raises(ResultFileError, match="FedST-join starts from a fedst_join_generator"):
         check_compatible(path, "join", "fedst_tiny", fedst_generator_args("fedst_tiny", None, 2), 3)

@@ -12,6 +12,10 @@ Plain torch, no FLARE. Two conditionings, as in the paper's Fig. 3:
   every residual (convolution) block of the UNet: ``h * (1 + s) + b`` (the reference's StyleMod). Switching
   the vector switches the style of the generated image for the same label map.
 
+Aggregation: each site trains the generator with its own domain vector, so the domain module's column for domain k
+receives gradient only at site k. :func:`participation_mean` averages every entry over the sites that changed it, so
+that column keeps site k's whole update instead of n_k / n of it per round.
+
 An all-zero domain vector names no site: the modulation would then be the mapping's bias alone, a
 "style" no site has. :func:`check_domain_vectors` refuses it (ValueError naming the row), as well as
 vectors that are not one-hot, so a caller cannot draw an undefined style by mistake.
@@ -19,8 +23,9 @@ vectors that are not one-hot, so a caller cannot draw an undefined style by mist
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -97,3 +102,28 @@ class DomainModulation(nn.Module):
         scale, bias = self.proj(domain).chunk(2, dim=1)
         shape = (*scale.shape, *([1] * (h.ndim - 2)))
         return h * (1 + scale.view(shape)) + bias.view(shape)
+
+
+def participation_mean(diffs: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]) -> dict[str, np.ndarray]:
+    """FedAvg of weight diffs where each entry is averaged over the sites that changed it (FedST-join's generator).
+
+    diffs: one ``{name: array}`` per site, weights: one non-negative number per site. An entry only one site trains
+    -- the column of the domain module that its one-hot domain vector selects -- keeps that site's full update
+    instead of being diluted by the sites that cannot train it (plain FedAvg would scale it by n_k / n every round);
+    entries every site changes get the ordinary weighted mean. Integer entries take site 0's value.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (len(diffs),) or not len(diffs) or np.any(w < 0) or w.sum() <= 0:
+        raise ValueError(f"participation_mean: need one non-negative weight per diff with a positive sum, got {list(weights)}")
+    out = {}
+    for name in diffs[0]:
+        first = np.asarray(diffs[0][name])
+        if not np.issubdtype(first.dtype, np.floating):
+            out[name] = first.copy()
+            continue
+        stack = np.stack([np.asarray(d[name], dtype=np.float64) for d in diffs])
+        shape = (-1,) + (1,) * first.ndim
+        active = (stack != 0) * w.reshape(shape)
+        total = active.sum(axis=0)
+        out[name] = np.where(total > 0, (stack * active).sum(axis=0) / np.where(total > 0, total, 1.0), 0.0).astype(first.dtype)
+    return out

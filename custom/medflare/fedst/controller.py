@@ -33,6 +33,7 @@ from medflare.common.payload import flatten, nbytes, payload_bytes, unflatten
 from medflare.common.workflow import SiteRounds, check_int
 from medflare.fedst import comm
 from medflare.fedst import protocol as P
+from medflare.fedst.conditioning import participation_mean
 from medflare.fedst.diffusion import diffusion_config
 from medflare.fedst.losses import check_lambda
 from medflare.fedst.persistor import META_CLASSES, META_METRICS, META_ROUND, META_SITES, META_SIZE, META_VERSIONS
@@ -313,13 +314,22 @@ class FedSTJoinController(FedSTController):
     Sites draw cross-domain images by switching the domain vector; they redraw them every ``refresh_every``
     segmentation rounds (0 = draw once).
 
-    Args: see :class:`FedSTController` (``refresh_every`` default 2).
+    The generator's diffs are averaged entry by entry over the sites that changed the entry
+    (:func:`~medflare.fedst.conditioning.participation_mean`): the domain module's column for site k is trained only
+    at site k and keeps its whole update, where plain FedAvg would shrink it to n_k / n of it every round.
+
+    Args: see :class:`FedSTController` (``refresh_every`` default 2), and
+        generator_weights: "equal" (every site's domain counts the same in the shared layers; default) or "cases"
+            (weighted by the sites' training cases, as the segmentation model).
     """
 
     variant = "join"
 
-    def __init__(self, *args: Any, refresh_every: int = 2, **kwargs: Any):
+    def __init__(self, *args: Any, refresh_every: int = 2, generator_weights: str = "equal", **kwargs: Any):
         super().__init__(*args, refresh_every=refresh_every, **kwargs)
+        keep_args(self, generator_weights=generator_weights)
+        if generator_weights not in ("equal", "cases"):
+            raise ConfigError(f"FedSTJoinController: 'generator_weights' must be 'equal' or 'cases', got {generator_weights!r}")
 
     @property
     def rounds_in_job(self) -> int:
@@ -339,7 +349,7 @@ class FedSTJoinController(FedSTController):
                 return
             for site, res in results.items():
                 self._note_site(site, res)
-            self.parts[P.GEN] = self._fedavg(self.parts[P.GEN], results, P.GEN)
+            self.parts[P.GEN] = self._combine_generator(results)
             losses = {s: (r.meta or {}).get(P.LOSS, {}).get("mean") for s, r in results.items()}
             self.info(f"round {rnd}: join generator averaged over {sorted(results)}; mean L_simple per site {losses}")
             if rnd < warmup:
@@ -350,6 +360,12 @@ class FedSTJoinController(FedSTController):
             self._segmentation_round(rnd, refresh, lambda site: {})
         self._finish(self.rounds_in_job)
         self.info(f"FedST-join finished: generator and segmentation model in {self.get_app_dir()}")
+
+    def _combine_generator(self, results: Mapping[str, FLModel]) -> dict[str, np.ndarray]:
+        order = [s for s in self.site_names if s in results]
+        weights = self._weights(results, order) if self.generator_weights == "cases" else [1.0] * len(order)
+        mean = participation_mean([unflatten(results[s].params)[P.GEN] for s in order], weights)
+        return apply_diff(self.parts[P.GEN], mean)
 
     def generator_size(self) -> int:
         return nbytes(self.parts[P.GEN])

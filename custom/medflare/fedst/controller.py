@@ -309,14 +309,15 @@ class FedSTJoinController(FedSTController):
 
     Every round starts with ``train_generator``: each site receives the global generator (FULL), trains it
     ``diffusion.steps_per_round`` steps on its own images with its own one-hot domain vector and returns the
-    WEIGHT_DIFF; the server averages the diffs weighted by the sites' training cases. The first
+    WEIGHT_DIFF; the server averages the diffs (see below). The first
     ``diffusion.warmup_rounds`` rounds train only the generator; the ``num_rounds`` segmentation rounds follow.
     Sites draw cross-domain images by switching the domain vector; they redraw them every ``refresh_every``
     segmentation rounds (0 = draw once).
 
     The generator's diffs are averaged entry by entry over the sites that changed the entry
     (:func:`~medflare.fedst.conditioning.participation_mean`): the domain module's column for site k is trained only
-    at site k and keeps its whole update, where plain FedAvg would shrink it to n_k / n of it every round.
+    at site k and keeps its whole update, where plain FedAvg (the paper's and the reference code's choice) would shrink it
+    to n_k / n of it every round.
 
     Args: see :class:`FedSTController` (``refresh_every`` default 2), and
         generator_weights: "equal" (every site's domain counts the same in the shared layers; default) or "cases"

@@ -8,6 +8,7 @@ the byte ledger matches the communication-cost formula; the saved file reloads, 
 in a named site's style and `medflare evaluate` scores its segmentation model.
 """
 
+import functools
 import json
 
 import numpy as np
@@ -44,8 +45,10 @@ def _run(repo, tmp_path, variant, rounds, **kwargs):
     return run
 
 
+@functools.lru_cache(maxsize=None)
 def _real_segmenter(site):
-    """A segmentation model trained on the real training + validation images of ``site`` only."""
+    """A segmentation model trained on the real training + validation images of ``site`` only (trained once per site
+    and shared by both tests: it depends only on the preset and the site)."""
     cfg = get_preset(PRESET)
     data = load_site(site, cfg["data"])
     cases = [data.train[i] for i in range(len(data.train))] + [data.val[i] for i in range(len(data.val))]

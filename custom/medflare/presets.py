@@ -151,7 +151,7 @@ PRESETS["fedst"] = _fedst(
     {"generator": {"channels": [8, 16, 32, 32], "num_res_blocks": 1, "attention_levels": [False, False, False, False],
                    "norm_num_groups": 8, "num_head_channels": 8},
      "scheduler": "rflow", "prediction": "epsilon", "train_timesteps": 1000, "sampler": "ddim", "sample_steps": 20,
-     "lr": 2e-3, "batch_size": 8, "warmup_steps": 800, "steps_per_round": 100, "warmup_rounds": 3,
+     "lr": 2e-3, "domain_lr": 2e-2, "batch_size": 8, "warmup_steps": 800, "steps_per_round": 100, "warmup_rounds": 3,
      "num_synthetic": 0, "sample_batch": 32},
     rounds=8,
 )
@@ -162,7 +162,7 @@ PRESETS["fedst_tiny"] = _fedst(
     {"generator": {"channels": [8, 16, 16], "num_res_blocks": 1, "attention_levels": [False, False, False],
                    "norm_num_groups": 4, "num_head_channels": 4},
      "scheduler": "rflow", "prediction": "epsilon", "train_timesteps": 1000, "sampler": "ddim", "sample_steps": 10,
-     "lr": 2e-3, "batch_size": 8, "warmup_steps": 200, "steps_per_round": 80, "warmup_rounds": 2,
+     "lr": 2e-3, "domain_lr": 2e-2, "batch_size": 8, "warmup_steps": 160, "steps_per_round": 50, "warmup_rounds": 2,
      "num_synthetic": 0, "sample_batch": 32},
     rounds=3,
 )
@@ -177,7 +177,7 @@ PRESETS["fedst_paper"] = _fedst(
     {"generator": {"channels": [64, 128, 256, 512], "num_res_blocks": 2, "attention_levels": [False, False, False, True],
                    "norm_num_groups": 32, "num_head_channels": 32},
      "scheduler": "ddpm", "prediction": "epsilon", "train_timesteps": 1000, "sampler": "ddpm", "sample_steps": 1000,
-     "lr": 5e-5, "batch_size": 6, "warmup_steps": 20000, "steps_per_round": 400, "warmup_rounds": 10,
+     "lr": 5e-5, "domain_lr": 5e-4, "batch_size": 6, "warmup_steps": 20000, "steps_per_round": 400, "warmup_rounds": 10,
      "num_synthetic": 0, "sample_batch": 8},
     rounds=50,
 )

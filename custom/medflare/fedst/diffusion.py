@@ -24,6 +24,9 @@ with y the image (scaled to [-1, 1]), x the encoded label map and t a uniformly 
     sample_steps:     denoising steps when sampling.
     loss:             "mse" (Eq. 2) or "l1" (the reference code).
     lr, batch_size:   Adam learning rate and batch of the generator.
+    domain_lr:        FedST-join: Adam learning rate of the domain modulation (its own parameter group), meant to
+                      be larger than ``lr`` so that a site's style goes into its domain column (which the per-entry
+                      mean keeps whole) rather than into the shared layers; see :func:`generator_optimizer`.
     warmup_steps:     FedST-separate: local generator steps before the one upload to the style store.
     steps_per_round:  generator steps per round (FedST-join every round; FedST-separate only when the
                       store is refreshed during training, see the controller's ``refresh_every``).
@@ -61,6 +64,7 @@ DIFFUSION_DEFAULTS: dict[str, Any] = {
     "sample_steps": 20,
     "loss": "mse",
     "lr": 1e-3,
+    "domain_lr": 1e-2,
     "batch_size": 8,
     "warmup_steps": 400,
     "steps_per_round": 100,
@@ -97,8 +101,9 @@ def diffusion_config(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
             raise ConfigError(f"'diffusion.{key}' must be an int >= 0, got {out[key]!r}")
     if out["sample_steps"] > out["train_timesteps"]:
         raise ConfigError(f"'diffusion.sample_steps' ({out['sample_steps']}) cannot exceed 'diffusion.train_timesteps' ({out['train_timesteps']})")
-    if not (isinstance(out["lr"], (int, float)) and out["lr"] > 0):
-        raise ConfigError(f"'diffusion.lr' must be a positive number, got {out['lr']!r}")
+    for key in ("lr", "domain_lr"):
+        if not (isinstance(out[key], (int, float)) and not isinstance(out[key], bool) and out[key] > 0):
+            raise ConfigError(f"'diffusion.{key}' must be a positive number, got {out[key]!r}")
     return out
 
 
@@ -196,6 +201,23 @@ def generator_args(cfg: Mapping[str, Any], image_channels: int, num_classes: int
 def build_generator(args: Mapping[str, Any]) -> StyleGenerator:
     """A :class:`StyleGenerator` from :func:`generator_args`' dict."""
     return StyleGenerator(**dict(args))
+
+
+def generator_optimizer(generator: StyleGenerator, cfg: Mapping[str, Any]) -> torch.optim.Adam:
+    """A site's own Adam for the generator: ``diffusion.lr`` for the UNet, ``diffusion.domain_lr`` for the domain
+    modulation of a domain-conditioned generator (FedST-join).
+
+    Why two rates: at a site the domain vector never changes, so the site's style can be learnt either by its domain
+    column or by the shared layers; what goes into the shared layers is averaged back towards the mean style by the
+    server, only the domain column keeps it. A larger rate for the domain module favours the column. Measured so far
+    (benchmarks/RESULTS_fedst.md): trained centrally on both sites' batches in turn, the domain module separates the
+    two styles at either rate; in the federated tiny e2e run the joint generator still draws the average style.
+    """
+    cfg = diffusion_config(cfg)
+    domain = [p for name, p in generator.named_parameters() if name.startswith("modulation.")]
+    shared = [p for name, p in generator.named_parameters() if not name.startswith("modulation.")]
+    groups = [{"params": shared, "lr": cfg["lr"]}] + ([{"params": domain, "lr": cfg["domain_lr"]}] if domain else [])
+    return torch.optim.Adam(groups)
 
 
 # ---- schedulers ----------------------------------------------------------------------------------

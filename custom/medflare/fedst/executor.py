@@ -39,8 +39,8 @@ from medflare.common.training import make_loader, make_loss, make_optimizer, tra
 from medflare.data.util import stable_seed
 from medflare.fedst import protocol as P
 from medflare.fedst.cache import JOIN_KEY, SiteStyleCache
-from medflare.fedst.diffusion import (build_generator, cycle, diffusion_config, generator_args, sample_images, sampling_scheduler,
-                                      train_generator, training_scheduler)
+from medflare.fedst.diffusion import (build_generator, cycle, diffusion_config, generator_args, generator_optimizer,
+                                      sample_images, sampling_scheduler, train_generator, training_scheduler)
 from medflare.fedst.losses import CrossDomainTerm
 from medflare.fedst.visual import synthetic_panel
 from medflare.metrics import overlay_image
@@ -122,7 +122,7 @@ class GeneratorTrainingExecutor(FedSTSiteExecutor):
         torch.manual_seed(self.seed)
         self.generator = build_generator(self.generator_args(num_domains)).to(self.torch_device)
         self.generator.check_size(*self.image_size, who=f"site '{self.site}'")
-        self.optimizer = torch.optim.Adam(self.generator.parameters(), lr=self.diffusion["lr"])  # this site's own
+        self.optimizer = generator_optimizer(self.generator, self.diffusion)  # this site's own
         self.scheduler = training_scheduler(self.diffusion)
 
     def train(self, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:

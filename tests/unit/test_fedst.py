@@ -17,8 +17,8 @@ from medflare.fedst import comm
 from medflare.fedst import protocol as P
 from medflare.fedst.conditioning import check_domain_vectors, domain_vectors, encode_labels, participation_mean
 from medflare.fedst.controller import FedSTSeparateController
-from medflare.fedst.diffusion import (build_generator, cycle, diffusion_config, generator_args, sample_images, sampling_scheduler,
-                                      simple_loss, train_generator, training_scheduler)
+from medflare.fedst.diffusion import (build_generator, cycle, diffusion_config, generator_args, generator_optimizer, sample_images,
+                                      sampling_scheduler, simple_loss, train_generator, training_scheduler)
 from medflare.fedst.losses import CrossDomainTerm, segmentation_loss
 from medflare.fedst.persistor import fedst_description, fedst_generator_args
 from medflare.fedst.store import check_compatible, load_fedst_result, save_result
@@ -129,6 +129,18 @@ def test_only_the_own_domain_column_of_the_domain_module_learns_at_a_site():
         key = f"modulation.{i}.proj.weight"
         change = np.abs(after[key] - before[key]).sum(axis=0)  # per domain column
         assert change[1] > 0 and change[0] == 0 and change[2] == 0, (key, change)
+
+
+def test_generator_optimizer_gives_the_domain_module_its_own_rate():
+    cfg = {"generator": TINY, "lr": 1e-3, "domain_lr": 5e-2}
+    joint, plain = _generator(num_domains=2, perturb=False), _generator(perturb=False)
+    groups = generator_optimizer(joint, cfg).param_groups
+    assert [g["lr"] for g in groups] == [1e-3, 5e-2]
+    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in joint.modulation.parameters()}
+    assert sum(len(g["params"]) for g in groups) == len(list(joint.parameters()))
+    assert [g["lr"] for g in generator_optimizer(plain, cfg).param_groups] == [1e-3]  # FedST-separate: no domain module
+    with pytest.raises(ConfigError, match="domain_lr"):
+        diffusion_config({"domain_lr": 0})
 
 
 # ---- Eq. 2 ----------------------------------------------------------------------------------------

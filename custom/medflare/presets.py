@@ -162,7 +162,7 @@ PRESETS["fedst_tiny"] = _fedst(
     {"generator": {"channels": [8, 16, 16], "num_res_blocks": 1, "attention_levels": [False, False, False],
                    "norm_num_groups": 4, "num_head_channels": 4},
      "scheduler": "rflow", "prediction": "epsilon", "train_timesteps": 1000, "sampler": "ddim", "sample_steps": 10,
-     "lr": 2e-3, "domain_lr": 2e-2, "batch_size": 8, "warmup_steps": 160, "steps_per_round": 50, "warmup_rounds": 2,
+     "lr": 2e-3, "domain_lr": 2e-2, "batch_size": 8, "warmup_steps": 160, "steps_per_round": 80, "warmup_rounds": 2,
      "num_synthetic": 0, "sample_batch": 32},
     rounds=3,
 )

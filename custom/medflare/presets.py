@@ -345,3 +345,57 @@ PRESETS["fediod_seg_paper"] = _fediod(
      "batch_size": 2, "steps_per_window": 4, "windows_per_round": 25, "lr_generator": 2e-4, "lr_student": 2e-4,
      "lr_discriminator": 2e-4},
 )
+
+# ---- FedST presets ----
+# Segmentation as seg_synthetic, trained with focal + Dice (the paper's L_LDS / L_CDS) and scored with Table 1's
+# metrics (VI, Dice, MPA); a "diffusion" section configures the label-conditioned generator (keys documented in
+# medflare.fedst.diffusion) and "fedst" the recipe defaults. Sizes are picked for a 2-core CPU; a GPU is used
+# when present.
+def _fedst(base: str, overrides: Mapping, diffusion: Mapping, rounds: int) -> dict[str, Any]:
+    preset = _merge(_derive(base, {"train": {"loss": "dicefocal"}, "eval": {"metrics": ["dice", "vi", "mpa"], "key_metric": "dice"}}), overrides, "")
+    return {**preset, "diffusion": dict(diffusion), "fedst": {"rounds": rounds}}
+
+
+# Laptop default: 64x64 sites, a 4-level generator (8..32 channels, 0.26M parameters), rectified flow with 20 Euler
+# steps (on these sites it draws images a segmentation model reads as well as real ones in 10-20 steps, where DDIM
+# with the same training budget does not; benchmarks/RESULTS_fedst.md).
+PRESETS["fedst"] = _fedst(
+    "seg_synthetic", {"train": {"epochs": 2, "batch_size": 8, "lr": 3e-3}},
+    {"generator": {"channels": [8, 16, 32, 32], "num_res_blocks": 1, "attention_levels": [False, False, False, False],
+                   "norm_num_groups": 8, "num_head_channels": 8},
+     "scheduler": "rflow", "prediction": "epsilon", "train_timesteps": 1000, "sampler": "ddim", "sample_steps": 20,
+     "lr": 2e-3, "domain_lr": 2e-2, "batch_size": 8, "warmup_steps": 800, "steps_per_round": 100, "warmup_rounds": 3,
+     "num_synthetic": 0, "sample_batch": 32},
+    rounds=8,
+)
+# End-to-end tests: 32x32, a quarter of the cases, a 3-level generator (8..16 channels, 68K parameters), rectified
+# flow with 10 steps.
+PRESETS["fedst_tiny"] = _fedst(
+    "seg_synthetic_tiny", {"train": {"epochs": 3, "batch_size": 4, "lr": 1e-2}},
+    {"generator": {"channels": [8, 16, 16], "num_res_blocks": 1, "attention_levels": [False, False, False],
+                   "norm_num_groups": 4, "num_head_channels": 4},
+     "scheduler": "rflow", "prediction": "epsilon", "train_timesteps": 1000, "sampler": "ddim", "sample_steps": 10,
+     "lr": 2e-3, "domain_lr": 2e-2, "batch_size": 8, "warmup_steps": 160, "steps_per_round": 80, "warmup_rounds": 2,
+     "num_synthetic": 0, "sample_batch": 32},
+    rounds=3,
+)
+# Paper scale (Ma et al. 2024, medical task): 384x384, batch 6, Adam 1e-4, 50 rounds, 1 local epoch; the generator is
+# Palette's UNet (base 64, multipliers 1-2-4-8, 2 residual blocks, attention at 1/16 resolution -> 24x24 here), 1000
+# ancestral DDPM sampling steps, Adam 5e-5. The segmentation UNet stays MONAI's (5 levels, 32..512).
+PRESETS["fedst_paper"] = _fedst(
+    "seg_paper",
+    {"data": {"image_size": 384}, "train": {"epochs": 1, "batch_size": 6, "lr": 1e-4},
+     "model": {"args": {"in_channels": 1, "out_channels": 3, "channels": [32, 64, 128, 256, 512], "strides": [2, 2, 2, 2],
+                        "num_res_units": 2}}},
+    {"generator": {"channels": [64, 128, 256, 512], "num_res_blocks": 2, "attention_levels": [False, False, False, True],
+                   "norm_num_groups": 32, "num_head_channels": 32},
+     "scheduler": "ddpm", "prediction": "epsilon", "train_timesteps": 1000, "sampler": "ddpm", "sample_steps": 1000,
+     "lr": 5e-5, "domain_lr": 5e-4, "batch_size": 6, "warmup_steps": 20000, "steps_per_round": 400, "warmup_rounds": 10,
+     "num_synthetic": 0, "sample_batch": 8},
+    rounds=50,
+)
+# CPU benchmark on a shared 2-core machine (benchmarks/fedst_benchmark.py): fedst_tiny's networks at 32x32 on all cases
+# of every site (scale 1.0), 8 rounds.
+PRESETS["fedst_small"] = {**_derive("fedst_tiny", {"data": {"scale": 1.0}, "train": {"epochs": 2, "batch_size": 8, "lr": 3e-3},
+                                                   "diffusion": {"warmup_steps": 400, "steps_per_round": 100, "warmup_rounds": 3}}),
+                          "fedst": {"rounds": 8}}

@@ -8,6 +8,7 @@
 from medflare.baselines.recipe import FedAvgRecipe, FedProxRecipe, ScaffoldRecipe
 from medflare.fediod.recipe import FedIODRecipe, FedIODSegRecipe
 from medflare.fedsm.recipe import FedSMRecipe
+from medflare.fedst.recipe import FedSTJoinRecipe, FedSTSeparateRecipe
 from medflare.fedvck.recipe import FedVCKRecipe
 
 RECIPES = {
@@ -18,7 +19,9 @@ RECIPES = {
     "fedvck": FedVCKRecipe,
     "fediod": FedIODRecipe,
     "fediod_seg": FedIODSegRecipe,
+    "fedst_separate": FedSTSeparateRecipe,
+    "fedst_join": FedSTJoinRecipe,
 }
 
-__all__ = ["RECIPES", "FedAvgRecipe", "FedIODRecipe", "FedIODSegRecipe", "FedProxRecipe", "FedSMRecipe", "FedVCKRecipe",
-           "ScaffoldRecipe"]
+__all__ = ["RECIPES", "FedAvgRecipe", "FedIODRecipe", "FedIODSegRecipe", "FedProxRecipe", "FedSMRecipe", "FedSTJoinRecipe",
+           "FedSTSeparateRecipe", "FedVCKRecipe", "ScaffoldRecipe"]

@@ -80,6 +80,8 @@ class JobRecipe(Recipe):
         min_clients: fewest sites the job needs to start. Default 2.
         meta_props: extra keys of the job's meta.json, e.g. ``{"scope": "no_weights"}`` (the sites' privacy
             scope the job runs under). Default none.
+        more_executors: ``[(executor, tasks), ...]`` further client executors, each serving its own tasks (a job whose
+            site work splits into several executors, e.g. FedST's generator training, sampling and segmentation). Default none.
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class JobRecipe(Recipe):
         client_components: Mapping[str, Any] | None = None,
         min_clients: int = 2,
         meta_props: Mapping[str, Any] | None = None,
+        more_executors: Sequence[tuple[Any, Sequence[str]]] | None = None,
     ):
         job = FedJob(name=name, min_clients=min_clients, meta_props=dict(meta_props) if meta_props else None)
         job.set_app_packages(["medflare"])  # installed at every site with pip: never copied into the job
@@ -103,6 +106,8 @@ class JobRecipe(Recipe):
         job.to_server(TBAnalyticsReceiver(events=[f"fed.{ANALYTICS_EVENT}"]), id="tb_receiver")
         job.to_server(TaskReadyResponder(), id="task_ready")
         job.to_clients(executor, tasks=list(tasks))
+        for extra, extra_tasks in more_executors or ():
+            job.to_clients(extra, tasks=list(extra_tasks))
         for comp_id, comp in (client_components or {}).items():
             job.to_clients(comp, id=comp_id)
         job.to_clients(ConvertToFedEvent(events_to_convert=[ANALYTICS_EVENT], fed_event_prefix="fed."), id="event_to_fed")

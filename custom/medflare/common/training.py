@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
-from monai.losses import DiceCELoss, DiceLoss
+from monai.losses import DiceCELoss, DiceLoss, FocalLoss
 from torch.utils.data import DataLoader, Dataset
 
 from medflare import ConfigError, MedflareError
 
-LOSSES = ("dice", "dicece", "ce")
+LOSSES = ("dice", "dicece", "dicefocal", "ce")
 OPTIMIZERS = ("adam", "sgd")
 #: mixed-precision modes of :func:`train_epochs` (preset key ``train.amp``) -> autocast dtype
 AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -26,7 +26,8 @@ def make_loss(name: str, task: str) -> Callable[[torch.Tensor, torch.Tensor], to
     """Loss by name. Segmentation: logits (B,C,H,W) vs labels (B,1,H,W); classification: logits (B,C) vs (B,).
 
     "dice" is MONAI's soft Dice over softmax classes (background included, as in the FedSM reference),
-    "dicece" adds cross-entropy, "ce" is cross-entropy alone.
+    "dicece" adds cross-entropy, "dicefocal" adds MONAI's softmax focal loss (gamma 2; FedST's segmentation loss), "ce" is
+    cross-entropy alone.
     """
     if name not in LOSSES:
         raise ConfigError(f"unknown loss '{name}' in train.loss (known: {list(LOSSES)})")
@@ -38,6 +39,10 @@ def make_loss(name: str, task: str) -> Callable[[torch.Tensor, torch.Tensor], to
         return DiceLoss(to_onehot_y=True, softmax=True)
     if name == "dicece":
         return DiceCELoss(to_onehot_y=True, softmax=True)
+    if name == "dicefocal":
+        # MONAI's DiceFocalLoss applies a sigmoid focal term; mutually exclusive classes want the softmax one.
+        dice, focal = DiceLoss(to_onehot_y=True, softmax=True), FocalLoss(to_onehot_y=True, use_softmax=True)
+        return lambda logits, label: dice(logits, label) + focal(logits, label)
     ce = torch.nn.CrossEntropyLoss()
     return lambda logits, label: ce(logits, label[:, 0].long())
 

@@ -1,0 +1,381 @@
+"""FedST's server workflows: FedST-separate (per-site generators in a shared style store) and FedST-join (one
+federated generator with a domain vector), both with FedAvg segmentation on real + cross-domain synthetic images.
+
+Each round (after the generator phase described per class below) every site, all at once:
+
+1. ``sample``: draws images in another site's style from its own label maps (cached at the site, redrawn on
+   refresh rounds); the server sends new style-store entries (separate) or nothing (join);
+2. ``train``: receives the global segmentation model, reports its validation metrics (Dice, VI, MPA), trains
+   with Eq. 3 and returns the weight diff; the server averages the diffs weighted by the sites' training cases.
+
+After the last round a ``validate`` task scores the final model on every site's validation and test split.
+Every round the persistor saves the style store / join generator with the segmentation model; when the sites'
+mean validation key metric of the model sent that round is the best so far, the workflow publishes it as
+``GLOBAL_MODEL`` and fires FLARE's ``GLOBAL_BEST_MODEL_AVAILABLE`` (what ``IntimeModelSelector`` does for
+FedAvg) and the persistor writes the ``best_`` file. The bytes each site received and sent per round and task
+go to ``communication.json`` in the server's app folder with the totals the formulas of :mod:`.comm` predict.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import numpy as np
+from nvflare.apis.fl_constant import FLMetaKey
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.app_event_type import AppEventType
+
+from medflare import ConfigError, PayloadError
+from medflare.common.aggregation import apply_diff, weighted_mean
+from medflare.common.component import keep_args
+from medflare.common.payload import flatten, nbytes, payload_bytes, unflatten
+from medflare.common.checks import check_int
+from medflare.common.workflow import SiteRounds
+from medflare.fedst import comm
+from medflare.fedst import protocol as P
+from medflare.fedst.conditioning import participation_mean
+from medflare.fedst.diffusion import diffusion_config
+from medflare.fedst.losses import check_lambda
+from medflare.fedst.persistor import META_CLASSES, META_METRICS, META_ROUND, META_SITES, META_SIZE, META_VERSIONS
+from medflare.presets import get_preset
+
+LEDGER_FILE = "communication.json"
+
+
+class FedSTController(SiteRounds):
+    """What both FedST workflows share (use :class:`FedSTSeparateController` or :class:`FedSTJoinController`).
+
+    Args:
+        num_rounds: segmentation rounds. Default 10.
+        refresh_every: rounds between refreshes of the synthetic images (see the subclasses for what else a
+            refresh does); 0 = draw once and keep them. Default: 0 (separate), 2 (join).
+        cds_lambda: lambda of Eq. 3 (weight of the loss on synthetic images); 0 = plain FedAvg on real images
+            (the sampling task is then skipped). Default 1.0.
+        preset / overrides / seed: as the sites' executors and the persistor (must match). Defaults "fedst", none, 0.
+        generator_task / sample_task / train_task / validate_task: task names. Defaults "train_generator",
+            "sample", "train", "validate".
+        persistor_id, min_responses, task_timeout, task_check_period: see :class:`medflare.common.workflow.SiteRounds`.
+    """
+
+    variant = ""
+
+    def __init__(
+        self,
+        num_rounds: int = 10,
+        refresh_every: int = 0,
+        cds_lambda: float = 1.0,
+        preset: str = "fedst",
+        overrides: Mapping[str, Any] | None = None,
+        seed: int = 0,
+        generator_task: str = P.TRAIN_GENERATOR,
+        sample_task: str = P.SAMPLE,
+        train_task: str = P.TRAIN,
+        validate_task: str = "validate",
+        persistor_id: str = "persistor",
+        min_responses: int = 0,
+        task_timeout: int = 3600,
+        task_check_period: float = 0.2,
+    ):
+        super().__init__(num_rounds=num_rounds, persistor_id=persistor_id, min_responses=min_responses,
+                         task_timeout=task_timeout, task_check_period=task_check_period)
+        keep_args(self, refresh_every=refresh_every, cds_lambda=cds_lambda, preset=preset, overrides=overrides or {}, seed=seed,
+                  generator_task=generator_task, sample_task=sample_task, train_task=train_task, validate_task=validate_task)
+        name = type(self).__name__
+        check_int(name, "refresh_every", refresh_every, 0)
+        self.lam = check_lambda(cds_lambda)
+        cfg = get_preset(preset, overrides)
+        if "diffusion" not in cfg:
+            raise ConfigError(f"{name}: preset '{preset}' has no 'diffusion' section; FedST needs one (e.g. preset 'fedst')")
+        self.diffusion = diffusion_config(cfg["diffusion"])
+        self.key_metric = cfg["eval"]["key_metric"]
+        if not persistor_id:
+            raise ConfigError(f"{name}: 'persistor_id' must name the job's FedSTPersistor (it saves the style store / generator)")
+
+    # ---- shared bookkeeping ------------------------------------------------------------------------
+    def _start(self) -> None:
+        model = self.load_model()
+        if model is None:
+            raise ConfigError(f"{type(self).__name__}: the persistor '{self.persistor_id}' returned no initial model")
+        self.site_names = self.sites()
+        meta = dict(model.meta or {})
+        if list(meta.get(META_SITES, [])) != self.site_names:
+            raise ConfigError(f"the persistor's site list {meta.get(META_SITES)} differs from the job's sites {self.site_names}")
+        self.parts = unflatten(model.params)
+        self.classes: dict[str, list[int]] = {s: list(v) for s, v in (meta.get(META_CLASSES) or {}).items()}
+        self.image_size = meta.get(META_SIZE)
+        self.image_size_of: dict[str, list[int]] = {}
+        self.versions: dict[str, int] = dict(meta.get(META_VERSIONS) or {})
+        self.ledger = comm.Ledger()
+        self.best = -np.inf
+        self.metrics: dict[str, float] = {}
+
+    def _meta(self, **extra: Any) -> dict[str, Any]:
+        return {P.VARIANT: self.variant, P.SITES: self.site_names, P.CLASSES: self.classes, **extra}
+
+    def _send(self, task: str, payloads: Mapping[str, FLModel], rnd: int, part: str) -> dict[str, FLModel]:
+        """``exchange`` + the byte ledger (what each site received and sent, of which ``part``)."""
+        results = self.exchange(task, payloads, rnd)
+        for site, res in results.items():
+            self.ledger.record(rnd, task, site, part, payload_bytes(payloads[site].params), payload_bytes(res.params))
+        return results
+
+    def _note_site(self, site: str, res: FLModel) -> None:
+        """Keep a site's label classes; refuse a federation whose sites' images differ in size."""
+        meta = res.meta or {}
+        if P.CLASSES in meta:
+            self.classes[site] = [int(c) for c in meta[P.CLASSES]]
+        if P.IMAGE_SIZE in meta:
+            self.image_size_of[site] = [int(v) for v in meta[P.IMAGE_SIZE]]
+            sizes = {tuple(v) for v in self.image_size_of.values()} | ({tuple(self.image_size)} if self.image_size else set())
+            if len(sizes) > 1:
+                detail = ", ".join(f"{s}: {v[0]}x{v[1]}" for s, v in sorted(self.image_size_of.items()))
+                raise ConfigError(f"the sites' images differ in size ({detail}{'; init_file: ' + str(self.image_size) if self.image_size else ''}); "
+                                  "FedST's generators need one image size across the federation (resample the data)")
+            self.image_size = self.image_size or list(self.image_size_of[site])
+
+    def _weights(self, results: Mapping[str, FLModel], order: list[str]) -> list[float]:
+        return [float((results[s].meta or {}).get(FLMetaKey.NUM_STEPS_CURRENT_ROUND, 1)) for s in order]
+
+    def _fedavg(self, base: Mapping[str, np.ndarray], results: Mapping[str, FLModel], prefix: str) -> dict[str, np.ndarray]:
+        """``base`` + the n_k-weighted mean of the sites' diffs under ``prefix``."""
+        order = [s for s in self.site_names if s in results]
+        diffs = [unflatten(results[s].params)[prefix] for s in order]
+        return apply_diff(base, weighted_mean(diffs, self._weights(results, order)))
+
+    def _model(self, metrics: Mapping[str, float] | None = None, rnd: int = 0) -> FLModel:
+        """Everything the persistor saves, as one flat FULL model with its meta."""
+        meta = {META_SITES: self.site_names, META_CLASSES: self.classes, META_SIZE: self.image_size, META_VERSIONS: self.versions,
+                META_ROUND: rnd, META_METRICS: dict(metrics or {})}
+        return FLModel(params_type=ParamsType.FULL, params=flatten(self.parts), meta=meta)
+
+    def _segmentation_round(self, rnd: int, refresh: bool, sample_payload) -> None:
+        """sample + train (Eq. 3) + FedAvg; best model saved when the sites' validation says so."""
+        sent = self._model(rnd=rnd)  # what the sites validate this round
+        if self.lam > 0:
+            payloads = {s: FLModel(params_type=ParamsType.FULL, params=sample_payload(s), current_round=rnd,
+                                   meta=self._meta(**{P.REFRESH: refresh, P.VERSIONS: self.versions})) for s in self.site_names}
+            self._send(self.sample_task, payloads, rnd, "generator")
+        payloads = {s: FLModel(params_type=ParamsType.FULL, params=flatten({P.SEG: self.parts[P.SEG]}), current_round=rnd,
+                               total_rounds=self.rounds_in_job, meta=self._meta(**{P.CDS_LAMBDA: self.lam})) for s in self.site_names}
+        results = self._send(self.train_task, payloads, rnd, "segmentation")
+        if not results:
+            return
+        self._scored(results, sent, rnd)
+        self.aggregate(results, lambda res: self._combine_segmentation(res, rnd))
+        self.save_model(self._model(self.metrics, rnd + 1))
+
+    def _combine_segmentation(self, results: Mapping[str, FLModel], rnd: int) -> FLModel:
+        self.parts[P.SEG] = self._fedavg(self.parts[P.SEG], results, P.SEG)
+        return self._model(rnd=rnd + 1)
+
+    def _scored(self, results: Mapping[str, FLModel], sent: FLModel, rnd: int) -> None:
+        """Mean (n_k-weighted) validation metrics of the model sent this round; publish and save it if the best."""
+        order = [s for s in self.site_names if s in results and results[s].metrics]
+        if not order:
+            return
+        weights = np.asarray(self._weights(results, order))
+        names = sorted(set.intersection(*(set(results[s].metrics) for s in order)))
+        self.metrics = {k: float(np.average([results[s].metrics[k] for s in order], weights=weights)) for k in names}
+        self.info(f"round {rnd}: validation of the global segmentation model, mean over sites: "
+                  + ", ".join(f"{k}={v:.4f}" for k, v in self.metrics.items()))
+        value = self.metrics.get(self.key_metric, -np.inf)
+        if value > self.best:
+            self.best = value
+            sent.meta[META_METRICS] = dict(self.metrics)
+            self.publish(sent)
+            self.event(AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)  # the persistor writes the best file
+            self.info(f"round {rnd}: new best mean validation {self.key_metric} {value:.4f}")
+
+    def _finish(self, rnd: int) -> None:
+        payloads = {s: FLModel(params_type=ParamsType.FULL, params=flatten({P.SEG: self.parts[P.SEG]}), current_round=rnd,
+                               meta=self._meta()) for s in self.site_names}
+        results = self._send(self.validate_task, payloads, rnd, "evaluation")
+        if results:
+            order = [s for s in self.site_names if s in results]
+            weights = self._weights(results, order)
+            names = sorted(set.intersection(*(set(results[s].metrics or {}) for s in order)))
+            final = {k: float(np.average([results[s].metrics[k] for s in order], weights=weights)) for k in names}
+            self.info("final segmentation model, mean over sites: " + ", ".join(f"{k}={v:.4f}" for k, v in final.items()))
+            self.save_model(self._model(final, rnd))
+        self._write_ledger()
+
+    def predicted_generator_bytes(self) -> int:
+        raise NotImplementedError
+
+    def _write_ledger(self) -> None:
+        seg_bytes = nbytes(self.parts[P.SEG])
+        summary = {
+            "variant": self.variant, "sites": len(self.site_names), "segmentation_rounds": self.num_rounds,
+            "generator_bytes_each": self.generator_size(), "segmentation_bytes_each": seg_bytes,
+            "measured_generator_bytes": self.ledger.total("generator"),
+            "predicted_generator_bytes": self.predicted_generator_bytes(),
+            "measured_segmentation_bytes": self.ledger.total("segmentation"),
+            "predicted_segmentation_bytes": comm.segmentation_bytes(len(self.site_names), self.num_rounds, seg_bytes),
+            "measured_total_bytes": self.ledger.total(),
+            **self.cost_terms(),
+        }
+        path = os.path.join(self.get_app_dir(), LEDGER_FILE)
+        self.ledger.write(path, summary)
+        self.info(f"communication: generator {summary['measured_generator_bytes']} B measured vs {summary['predicted_generator_bytes']} B "
+                  f"predicted; segmentation {summary['measured_segmentation_bytes']} B vs {summary['predicted_segmentation_bytes']} B -> {path}")
+
+    def generator_size(self) -> int:
+        raise NotImplementedError
+
+    def cost_terms(self) -> dict[str, Any]:
+        return {}
+
+    @property
+    def rounds_in_job(self) -> int:
+        return self.num_rounds
+
+
+class FedSTSeparateController(FedSTController):
+    """FedST-separate: every site trains its own generator and uploads it once to the style store, which the
+    server keeps (persisted with the job) and shares with every site; segmentation by FedAvg with Eq. 3.
+
+    Round 0 starts with ``train_generator`` at every site not yet in the store (``diffusion.warmup_steps`` local
+    steps; FULL weights up). With ``refresh_every`` > 0 the sites keep training their generators
+    (``refresh_every * diffusion.steps_per_round`` steps between uploads) and re-upload them every ``refresh_every``
+    rounds; the refreshed store goes out again and the sites redraw their synthetic images (Fig. 9d). A site
+    receives only the generators of other sites that changed since it last got them.
+
+    Args: see :class:`FedSTController` (``refresh_every`` default 0: upload once, as in the paper).
+    """
+
+    variant = "separate"
+
+    def _store(self) -> dict[str, dict[str, np.ndarray]]:
+        return {s: self.parts[P.store_prefix(i)] for i, s in enumerate(self.site_names) if P.store_prefix(i) in self.parts}
+
+    def run(self) -> None:
+        self._start()
+        self.held: dict[str, dict[str, int]] = {s: {} for s in self.site_names}  # site -> {domain: version it holds}
+        self.info(f"FedST-separate: sites {self.site_names}, {self.num_rounds} rounds, lambda {self.lam}, refresh every "
+                  f"{self.refresh_every or 'never'}")
+        for rnd in range(self.num_rounds):
+            self.start_round(rnd, self.num_rounds)
+            refresh = rnd == 0 or (self.refresh_every > 0 and rnd % self.refresh_every == 0)
+            upload = [s for s in self.site_names if s not in self.versions] if rnd == 0 else (self.site_names if refresh else [])
+            if upload:
+                steps = self.diffusion["warmup_steps"] if rnd == 0 else self.refresh_every * self.diffusion["steps_per_round"]
+                self._collect_generators(upload, steps, rnd)
+            if self.abort_signal.triggered:
+                return
+            self._segmentation_round(rnd, refresh, self._store_payload)
+        self._finish(self.num_rounds)
+        self.info(f"FedST-separate finished: style store of {sorted(self._store())} in {self.get_app_dir()}")
+
+    def _collect_generators(self, sites: list[str], steps: int, rnd: int) -> None:
+        payloads = {s: FLModel(params_type=ParamsType.FULL, params={}, current_round=rnd, meta=self._meta(**{P.STEPS: steps}))
+                    for s in sites}
+        results = self._send(self.generator_task, payloads, rnd, "generator")
+        for site, res in results.items():
+            generator = unflatten(res.params or {}).get(P.GEN)
+            if generator is None:
+                raise PayloadError(f"round {rnd}: site '{site}' sent no generator ('{P.GEN}.' weights)")
+            self._note_site(site, res)
+            self.parts[P.store_prefix(self.site_names.index(site))] = generator
+            self.versions[site] = rnd
+            self.info(f"round {rnd}: style store <- generator of '{site}' ({nbytes(generator)} B, classes {self.classes.get(site)}, "
+                      f"L_simple {(res.meta or {}).get(P.LOSS)})")
+        missing = [s for s in self.site_names if s not in self.versions]
+        if missing:
+            raise PayloadError(f"round {rnd}: the style store lacks the generator(s) of {missing}; every site must share one")
+        self.save_model(self._model(self.metrics, rnd))
+
+    def _store_payload(self, site: str) -> dict[str, np.ndarray]:
+        """The other sites' generators this site does not hold in their current version."""
+        new = {}
+        for i, other in enumerate(self.site_names):
+            if other != site and self.held[site].get(other) != self.versions[other]:
+                new[P.store_prefix(i)] = self.parts[P.store_prefix(i)]
+                self.held[site][other] = self.versions[other]
+        return flatten(new)
+
+    def generator_size(self) -> int:
+        store = self._store()
+        return nbytes(next(iter(store.values()))) if store else 0
+
+    def predicted_generator_bytes(self) -> int:
+        return comm.separate_generator_bytes(len(self.site_names), self.generator_size(), comm.store_shares(self.num_rounds, self.refresh_every))
+
+    def cost_terms(self) -> dict[str, Any]:
+        return {"store_shares": comm.store_shares(self.num_rounds, self.refresh_every)}
+
+
+class FedSTJoinController(FedSTController):
+    """FedST-join: one generator with a domain vector, trained by FedAvg across sites; segmentation by FedAvg with Eq. 3.
+
+    Every round starts with ``train_generator``: each site receives the global generator (FULL), trains it
+    ``diffusion.steps_per_round`` steps on its own images with its own one-hot domain vector and returns the
+    WEIGHT_DIFF; the server averages the diffs (see below). The first
+    ``diffusion.warmup_rounds`` rounds train only the generator; the ``num_rounds`` segmentation rounds follow.
+    Sites draw cross-domain images by switching the domain vector; they redraw them every ``refresh_every``
+    segmentation rounds (0 = draw once).
+
+    The generator's diffs are averaged entry by entry over the sites that changed the entry
+    (:func:`~medflare.fedst.conditioning.participation_mean`): the domain module's column for site k is trained only
+    at site k and keeps its whole update, where plain FedAvg (the paper's and the reference code's choice) would shrink it
+    to n_k / n of it every round.
+
+    Args: see :class:`FedSTController` (``refresh_every`` default 2), and
+        generator_weights: "equal" (every site's domain counts the same in the shared layers; default) or "cases"
+            (weighted by the sites' training cases, as the segmentation model).
+    """
+
+    variant = "join"
+
+    def __init__(self, *args: Any, refresh_every: int = 2, generator_weights: str = "equal", **kwargs: Any):
+        super().__init__(*args, refresh_every=refresh_every, **kwargs)
+        keep_args(self, generator_weights=generator_weights)
+        if generator_weights not in ("equal", "cases"):
+            raise ConfigError(f"FedSTJoinController: 'generator_weights' must be 'equal' or 'cases', got {generator_weights!r}")
+
+    @property
+    def rounds_in_job(self) -> int:
+        return self.diffusion["warmup_rounds"] + self.num_rounds
+
+    def run(self) -> None:
+        self._start()
+        warmup = self.diffusion["warmup_rounds"]
+        self.info(f"FedST-join: sites {self.site_names}, {warmup} generator rounds + {self.num_rounds} rounds, lambda {self.lam}, "
+                  f"refresh every {self.refresh_every or 'never'}")
+        for rnd in range(self.rounds_in_job):
+            self.start_round(rnd, self.rounds_in_job)
+            payloads = {s: FLModel(params_type=ParamsType.FULL, params=flatten({P.GEN: self.parts[P.GEN]}), current_round=rnd,
+                                   meta=self._meta(**{P.STEPS: self.diffusion["steps_per_round"]})) for s in self.site_names}
+            results = self._send(self.generator_task, payloads, rnd, "generator")
+            if not results:
+                return
+            for site, res in results.items():
+                self._note_site(site, res)
+            self.parts[P.GEN] = self._combine_generator(results)
+            losses = {s: (r.meta or {}).get(P.LOSS, {}).get("mean") for s, r in results.items()}
+            self.info(f"round {rnd}: join generator averaged over {sorted(results)}; mean L_simple per site {losses}")
+            if rnd < warmup:
+                self.save_model(self._model(self.metrics, rnd + 1))
+                continue
+            seg_round = rnd - warmup
+            refresh = seg_round == 0 or (self.refresh_every > 0 and seg_round % self.refresh_every == 0)
+            self._segmentation_round(rnd, refresh, lambda site: {})
+        self._finish(self.rounds_in_job)
+        self.info(f"FedST-join finished: generator and segmentation model in {self.get_app_dir()}")
+
+    def _combine_generator(self, results: Mapping[str, FLModel]) -> dict[str, np.ndarray]:
+        order = [s for s in self.site_names if s in results]
+        weights = self._weights(results, order) if self.generator_weights == "cases" else [1.0] * len(order)
+        mean = participation_mean([unflatten(results[s].params)[P.GEN] for s in order], weights)
+        return apply_diff(self.parts[P.GEN], mean)
+
+    def generator_size(self) -> int:
+        return nbytes(self.parts[P.GEN])
+
+    def predicted_generator_bytes(self) -> int:
+        return comm.join_generator_bytes(len(self.site_names), self.rounds_in_job, self.generator_size())
+
+    def cost_terms(self) -> dict[str, Any]:
+        c, m, g = len(self.site_names), self.rounds_in_job, self.generator_size()
+        return {"generator_rounds": m, "paper_join_bytes": comm.paper_join_bytes(c, m, g),
+                "separate_bytes_same_sites": comm.separate_generator_bytes(c, g), "eq4_join_cheaper": comm.eq4_join_cheaper(m, c)}

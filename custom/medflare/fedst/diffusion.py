@@ -1,0 +1,393 @@
+"""FedST's style transfer generator: a label-map-conditioned diffusion model built from MONAI's generative parts.
+
+Plain torch + MONAI, no FLARE. The denoiser is MONAI's ``DiffusionModelUNet``; noise is added and removed by
+MONAI's schedulers (``DDPMScheduler`` for training, ``DDIMScheduler`` / ``DDPMScheduler`` for sampling, or
+``RFlowScheduler`` for rectified flow) through ``DiffusionInferer`` in its ``"concat"`` mode, which puts the
+encoded label map next to the noisy image (Palette, the paper's generator; see :mod:`.conditioning`).
+
+Training objective, Eq. 2 of the paper (``L_simple``)::
+
+    E_(x,y) E_eps E_t || f_theta([sqrt(abar_t) y + sqrt(1 - abar_t) eps, x], t) - eps ||^2
+
+with y the image (scaled to [-1, 1]), x the encoded label map and t a uniformly drawn timestep
+(:func:`simple_loss`). Settings of the ``diffusion`` section of a preset (defaults in :data:`DIFFUSION_DEFAULTS`):
+
+    generator:        DiffusionModelUNet arguments: channels, num_res_blocks, attention_levels, norm_num_groups,
+                      num_head_channels (in/out channels are the data's; see :func:`generator_args`).
+    scheduler:        "ddpm" (Eq. 2, epsilon prediction by default) or "rflow" (rectified flow: velocity
+                      x0 - eps, Euler sampling; straighter paths, usable with fewer sampling steps).
+    prediction:       what the DDPM denoiser predicts: "epsilon" (Eq. 2), "v_prediction" or "sample".
+    train_timesteps:  T of the forward process (paper/reference: 1000 for sampling, 2000 for training).
+    beta_schedule, beta_start, beta_end: MONAI noise schedule name and its end points.
+    sampler:          "ddim" (deterministic, few steps) or "ddpm" (ancestral, the paper's 1000 steps); rflow
+                      always uses its own Euler steps.
+    sample_steps:     denoising steps when sampling.
+    loss:             "mse" (Eq. 2) or "l1" (the reference code).
+    lr, batch_size:   Adam learning rate and batch of the generator.
+    domain_lr:        FedST-join: Adam learning rate of the domain modulation (its own parameter group), meant to
+                      be larger than ``lr`` so that a site's style goes into its domain column (which the per-entry
+                      mean keeps whole) rather than into the shared layers; see :func:`generator_optimizer`.
+    warmup_steps:     FedST-separate: local generator steps before the one upload to the style store.
+    steps_per_round:  generator steps per round (FedST-join every round; FedST-separate only when the
+                      store is refreshed during training, see the controller's ``refresh_every``).
+    warmup_rounds:    FedST-join: rounds in which only the generator is trained (FedAvg), before segmentation.
+    num_synthetic:    label maps of a site turned into synthetic images per refresh (0 = all training cases).
+    sample_batch:     images denoised together when sampling.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from monai.inferers import DiffusionInferer
+from monai.networks.nets import DiffusionModelUNet
+from monai.networks.nets.diffusion_model_unet import DiffusionUNetResnetBlock
+from monai.networks.schedulers import DDIMScheduler, DDPMScheduler, RFlowScheduler, Scheduler
+from torch import nn
+
+from medflare import ConfigError, DataError, MedflareError
+from medflare.fedst.conditioning import DomainModulation, check_domain_vectors, domain_vectors, encode_labels
+
+DIFFUSION_DEFAULTS: dict[str, Any] = {
+    "generator": {"channels": [16, 32, 32], "num_res_blocks": 1, "attention_levels": [False, False, False],
+                  "norm_num_groups": 8, "num_head_channels": 8},
+    "scheduler": "ddpm",
+    "prediction": "epsilon",
+    "train_timesteps": 1000,
+    "beta_schedule": "linear_beta",
+    "beta_start": 1e-4,
+    "beta_end": 2e-2,
+    "sampler": "ddim",
+    "sample_steps": 20,
+    "loss": "mse",
+    "lr": 1e-3,
+    "domain_lr": 1e-2,
+    "batch_size": 8,
+    "warmup_steps": 400,
+    "steps_per_round": 100,
+    "warmup_rounds": 2,
+    "num_synthetic": 0,
+    "sample_batch": 32,
+}
+SCHEDULERS = ("ddpm", "rflow")
+SAMPLERS = ("ddim", "ddpm")
+PREDICTIONS = ("epsilon", "v_prediction", "sample")
+LOSSES = ("mse", "l1")
+_UNET_KEYS = ("channels", "num_res_blocks", "attention_levels", "norm_num_groups", "num_head_channels")
+
+
+def diffusion_config(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A preset's ``diffusion`` section with the defaults filled in; ConfigError names an unknown or bad key."""
+    cfg = dict(cfg or {})
+    unknown = sorted(set(cfg) - set(DIFFUSION_DEFAULTS))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} in config section 'diffusion' (known: {sorted(DIFFUSION_DEFAULTS)})")
+    out = {**DIFFUSION_DEFAULTS, **cfg}
+    out["generator"] = {**DIFFUSION_DEFAULTS["generator"], **dict(cfg.get("generator") or {})}
+    bad_gen = sorted(set(out["generator"]) - set(_UNET_KEYS))
+    if bad_gen:
+        raise ConfigError(f"unknown key(s) {bad_gen} in 'diffusion.generator' (known: {list(_UNET_KEYS)})")
+    for key, allowed in (("scheduler", SCHEDULERS), ("sampler", SAMPLERS), ("prediction", PREDICTIONS), ("loss", LOSSES)):
+        if out[key] not in allowed:
+            raise ConfigError(f"'diffusion.{key}' must be one of {list(allowed)}, got {out[key]!r}")
+    for key in ("train_timesteps", "sample_steps", "batch_size", "sample_batch"):
+        if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < 1:
+            raise ConfigError(f"'diffusion.{key}' must be an int >= 1, got {out[key]!r}")
+    for key in ("warmup_steps", "steps_per_round", "warmup_rounds", "num_synthetic"):
+        if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < 0:
+            raise ConfigError(f"'diffusion.{key}' must be an int >= 0, got {out[key]!r}")
+    if out["sample_steps"] > out["train_timesteps"]:
+        raise ConfigError(f"'diffusion.sample_steps' ({out['sample_steps']}) cannot exceed 'diffusion.train_timesteps' ({out['train_timesteps']})")
+    for key in ("lr", "domain_lr"):
+        if not (isinstance(out[key], (int, float)) and not isinstance(out[key], bool) and out[key] > 0):
+            raise ConfigError(f"'diffusion.{key}' must be a positive number, got {out[key]!r}")
+    return out
+
+
+# ---- the network ---------------------------------------------------------------------------------
+class _Modulate:
+    """Forward hook applying one :class:`DomainModulation` to a residual block's output with the current domain.
+
+    A callable object (not a closure) so that ``copy.deepcopy`` of a generator re-targets it to the copy.
+    """
+
+    def __init__(self, modulation: DomainModulation, slot: dict):
+        self.modulation, self.slot = modulation, slot
+
+    def __call__(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+        return self.modulation(output, self.slot["domain"])
+
+
+class StyleGenerator(nn.Module):
+    """Label-conditioned denoiser: MONAI ``DiffusionModelUNet`` on [noisy image, one-hot label map], optionally
+    with a domain vector that modulates every residual block (FedST-join, Fig. 3).
+
+    Args:
+        image_channels: channels of the images it generates (1 for grey scale).
+        num_classes: classes of the label maps it is conditioned on (background included).
+        num_domains: length of the one-hot domain vector; 0 = no domain input (FedST-separate). Default 0.
+        channels, num_res_blocks, attention_levels, norm_num_groups, num_head_channels: MONAI
+            ``DiffusionModelUNet`` arguments (2D). Defaults: a small CPU-friendly UNet (see DIFFUSION_DEFAULTS).
+
+    ``forward(x, timesteps, context=None, domain=None)``: x (B, image_channels + num_classes, H, W) = noisy image
+    then label channels (what ``DiffusionInferer`` passes in ``"concat"`` mode), timesteps (B,) or (1,), domain
+    (B, num_domains) one-hot (required iff num_domains > 0) -> prediction (B, image_channels, H, W). H and W must
+    be divisible by 2 ** (len(channels) - 1).
+    """
+
+    def __init__(
+        self,
+        image_channels: int,
+        num_classes: int,
+        num_domains: int = 0,
+        channels: Sequence[int] = (16, 32, 32),
+        num_res_blocks: int | Sequence[int] = 1,
+        attention_levels: Sequence[bool] = (False, False, False),
+        norm_num_groups: int = 8,
+        num_head_channels: int | Sequence[int] = 8,
+    ):
+        super().__init__()
+        for key, value, low in (("image_channels", image_channels, 1), ("num_classes", num_classes, 2), ("num_domains", num_domains, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(f"StyleGenerator: '{key}' must be an int >= {low}, got {value!r}")
+        self.image_channels, self.num_classes, self.num_domains = image_channels, num_classes, num_domains
+        self.levels = len(channels)
+        try:
+            self.unet = DiffusionModelUNet(
+                spatial_dims=2, in_channels=image_channels + num_classes, out_channels=image_channels,
+                channels=list(channels), num_res_blocks=num_res_blocks, attention_levels=list(attention_levels),
+                norm_num_groups=norm_num_groups, num_head_channels=num_head_channels,
+            )
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"StyleGenerator: bad 'diffusion.generator' settings: {e}") from e
+        self._slot: dict[str, torch.Tensor | None] = {"domain": None}
+        if num_domains:
+            blocks = [m for m in self.unet.modules() if isinstance(m, DiffusionUNetResnetBlock)]
+            self.modulation = nn.ModuleList(DomainModulation(num_domains, b.out_channels) for b in blocks)
+            for block, mod in zip(blocks, self.modulation):
+                block.register_forward_hook(_Modulate(mod, self._slot))
+
+    def check_size(self, height: int, width: int, who: str = "the generator") -> None:
+        """ConfigError unless H and W are divisible by the UNet's total down-sampling."""
+        factor = 2 ** (self.levels - 1)
+        if height % factor or width % factor:
+            raise ConfigError(f"{who}: images of {height}x{width} cannot pass a {self.levels}-level UNet; H and W must be multiples of {factor}")
+
+    def forward(self, x: torch.Tensor, timesteps: torch.Tensor, context: torch.Tensor | None = None,
+                domain: torch.Tensor | None = None) -> torch.Tensor:
+        if self.num_domains:
+            if domain is None:
+                raise ValueError(f"this generator is domain-conditioned ({self.num_domains} domains): pass a one-hot 'domain'")
+            check_domain_vectors(domain, self.num_domains)
+            self._slot["domain"] = domain.to(device=x.device, dtype=x.dtype)
+        elif domain is not None:
+            raise ValueError("this generator has no domain input (FedST-separate): 'domain' must be None")
+        try:
+            return self.unet(x, timesteps=timesteps, context=context)
+        finally:
+            self._slot["domain"] = None
+
+
+def generator_args(cfg: Mapping[str, Any], image_channels: int, num_classes: int, num_domains: int = 0) -> dict[str, Any]:
+    """The full constructor arguments of a :class:`StyleGenerator` (what a saved file records)."""
+    gen = diffusion_config(cfg)["generator"]
+    return {"image_channels": int(image_channels), "num_classes": int(num_classes), "num_domains": int(num_domains),
+            **{k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in gen.items()}}
+
+
+def build_generator(args: Mapping[str, Any]) -> StyleGenerator:
+    """A :class:`StyleGenerator` from :func:`generator_args`' dict."""
+    return StyleGenerator(**dict(args))
+
+
+def generator_optimizer(generator: StyleGenerator, cfg: Mapping[str, Any]) -> torch.optim.Adam:
+    """A site's own Adam for the generator: ``diffusion.lr`` for the UNet, ``diffusion.domain_lr`` for the domain
+    modulation of a domain-conditioned generator (FedST-join).
+
+    Why two rates: at a site the domain vector never changes, so the site's style can be learnt either by its domain
+    column or by the shared layers; what goes into the shared layers is averaged back towards the mean style by the
+    server, only the domain column keeps it. A larger rate for the domain module favours the column. Measured so far
+    (benchmarks/RESULTS_fedst.md): trained centrally on both sites' batches in turn, the domain module separates the
+    two styles at either rate; in the federated tiny e2e run the joint generator still draws the average style.
+    """
+    cfg = diffusion_config(cfg)
+    domain = [p for name, p in generator.named_parameters() if name.startswith("modulation.")]
+    shared = [p for name, p in generator.named_parameters() if not name.startswith("modulation.")]
+    groups = [{"params": shared, "lr": cfg["lr"]}] + ([{"params": domain, "lr": cfg["domain_lr"]}] if domain else [])
+    return torch.optim.Adam(groups)
+
+
+# ---- schedulers ----------------------------------------------------------------------------------
+def _schedule(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    return {"num_train_timesteps": cfg["train_timesteps"], "schedule": cfg["beta_schedule"],
+            "beta_start": cfg["beta_start"], "beta_end": cfg["beta_end"]}
+
+
+def training_scheduler(cfg: Mapping[str, Any]) -> Scheduler:
+    """The forward (noising) process the generator is trained with."""
+    cfg = diffusion_config(cfg)
+    if cfg["scheduler"] == "rflow":
+        return RFlowScheduler(num_train_timesteps=cfg["train_timesteps"], use_discrete_timesteps=True, sample_method="uniform", spatial_dim=2)
+    return DDPMScheduler(prediction_type=cfg["prediction"], **_schedule(cfg))
+
+
+def sampling_scheduler(cfg: Mapping[str, Any], steps: int | None = None) -> Scheduler:
+    """The reverse process used to sample, set to ``steps`` (default ``sample_steps``) denoising steps."""
+    cfg = diffusion_config(cfg)
+    steps = int(steps or cfg["sample_steps"])
+    if cfg["scheduler"] == "rflow":
+        sched: Scheduler = training_scheduler(cfg)
+    elif cfg["sampler"] == "ddim":
+        sched = DDIMScheduler(prediction_type=cfg["prediction"], clip_sample=True, **_schedule(cfg))
+    else:
+        sched = DDPMScheduler(prediction_type=cfg["prediction"], clip_sample=True, **_schedule(cfg))
+    sched.set_timesteps(steps)
+    return sched
+
+
+def draw_timesteps(scheduler: Scheduler, batch: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Uniform training timesteps in [0, T) (the E_t of Eq. 2), one per image."""
+    return torch.randint(0, scheduler.num_train_timesteps, (batch,), generator=generator).long()
+
+
+def training_target(scheduler: Scheduler, images: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+    """What the denoiser must output: eps (Eq. 2), the velocity, the clean image, or x0 - eps (rectified flow)."""
+    if isinstance(scheduler, RFlowScheduler):
+        return images - noise
+    kind = scheduler.prediction_type
+    if kind == "epsilon":
+        return noise
+    if kind == "v_prediction":
+        return scheduler.get_velocity(images, noise, timesteps)
+    return images
+
+
+# ---- Eq. 2 ---------------------------------------------------------------------------------------
+def simple_loss(
+    generator: Callable[..., torch.Tensor],
+    scheduler: Scheduler,
+    images: torch.Tensor,
+    condition: torch.Tensor,
+    noise: torch.Tensor,
+    timesteps: torch.Tensor,
+    domain: torch.Tensor | None = None,
+    kind: str = "mse",
+) -> torch.Tensor:
+    """L_simple (Eq. 2) for one batch: images (B, C, H, W) in [-1, 1], condition (B, K, H, W) encoded labels,
+    noise like images, timesteps (B,) -> scalar mean over pixels and batch (``kind`` "mse" = the squared norm of
+    Eq. 2, "l1" = the reference code's). ``generator`` is called as ``generator(x, timesteps=, context=None)``."""
+    model = partial(generator, domain=domain) if domain is not None else generator
+    pred = DiffusionInferer(scheduler)(inputs=images, diffusion_model=model, noise=noise, timesteps=timesteps,
+                                       condition=condition, mode="concat")
+    target = training_target(scheduler, images, noise, timesteps)
+    return F.mse_loss(pred, target) if kind == "mse" else F.l1_loss(pred, target)
+
+
+def to_model_range(images: torch.Tensor) -> torch.Tensor:
+    """[0, 1] images -> [-1, 1], the range the noise schedule is made for."""
+    return images * 2.0 - 1.0
+
+
+def from_model_range(images: torch.Tensor) -> torch.Tensor:
+    """[-1, 1] samples -> [0, 1] images (clipped)."""
+    return ((images.clamp(-1.0, 1.0) + 1.0) / 2.0).clamp(0.0, 1.0)
+
+
+def cycle(batches: Callable[[int], Iterable[Mapping[str, torch.Tensor]]]) -> Iterator[Mapping[str, torch.Tensor]]:
+    """Endless batches: ``batches(epoch)`` (e.g. a seeded shuffling loader per epoch) chained epoch after epoch."""
+    epoch = 0
+    while True:
+        empty = True
+        for batch in batches(epoch):
+            empty = False
+            yield batch
+        if empty:
+            raise DataError("the generator's training data is empty")
+        epoch += 1
+
+
+def train_generator(
+    generator: StyleGenerator,
+    scheduler: Scheduler,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterator[Mapping[str, torch.Tensor]],
+    steps: int,
+    *,
+    domain_index: int | None = None,
+    trained_classes: Sequence[int] | None = None,
+    loss: str = "mse",
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    should_stop: Callable[[], bool] | None = None,
+) -> list[float]:
+    """``steps`` Adam steps of L_simple on batches ``{"image" (B,C,H,W) in [0,1], "label" (B,1,H,W)}``; per-step losses.
+
+    ``domain_index`` (FedST-join) conditions every image on that one-hot domain. A non-finite loss raises
+    MedflareError (lower ``diffusion.lr``).
+    """
+    generator.train()
+    rng = torch.Generator().manual_seed(seed)
+    losses: list[float] = []
+    for step in range(steps):
+        if should_stop is not None and should_stop():
+            break
+        batch = next(batches)
+        images = to_model_range(batch["image"].float())
+        cond = encode_labels(batch["label"], generator.num_classes, trained_classes)
+        noise = torch.randn(images.shape, generator=rng)
+        timesteps = draw_timesteps(scheduler, images.shape[0], rng)
+        domain = domain_vectors(domain_index, generator.num_domains, images.shape[0]).to(device) if domain_index is not None else None
+        optimizer.zero_grad(set_to_none=True)
+        value = simple_loss(generator, scheduler, images.to(device), cond.to(device), noise.to(device), timesteps.to(device), domain, loss)
+        if not torch.isfinite(value):
+            raise MedflareError(f"the generator's loss became {value.item()} at step {step}; lower diffusion.lr")
+        value.backward()
+        optimizer.step()
+        losses.append(float(value.detach()))
+    return losses
+
+
+@torch.no_grad()
+def sample_images(
+    generator: StyleGenerator,
+    scheduler: Scheduler,
+    label_maps: torch.Tensor,
+    *,
+    domain_index: int | None = None,
+    trained_classes: Sequence[int] | None = None,
+    seed: int = 0,
+    batch_size: int = 32,
+    device: torch.device | str = "cpu",
+    who: str = "the generator",
+) -> torch.Tensor:
+    """Synthetic images (B, image_channels, H, W) in [0, 1] for label maps (B, 1, H, W) (in the domain ``domain_index``
+    for a domain-conditioned generator), by the reverse process of ``scheduler`` from seeded Gaussian noise."""
+    generator.eval()
+    if label_maps.shape[0] == 0:
+        return torch.empty(0, generator.image_channels, *label_maps.shape[2:])
+    generator.check_size(int(label_maps.shape[-2]), int(label_maps.shape[-1]), who)
+    if generator.num_domains and domain_index is None:
+        raise ConfigError(f"{who} is domain-conditioned: name the domain (site) to draw")
+    rng = torch.Generator().manual_seed(seed)
+    inferer = DiffusionInferer(scheduler)
+    out = []
+    for start in range(0, label_maps.shape[0], batch_size):
+        labels = label_maps[start:start + batch_size]
+        cond = encode_labels(labels, generator.num_classes, trained_classes, who).to(device)
+        noise = torch.randn((labels.shape[0], generator.image_channels, *labels.shape[2:]), generator=rng).to(device)
+        model: Callable[..., torch.Tensor] = generator
+        if domain_index is not None:
+            model = partial(generator, domain=domain_vectors(domain_index, generator.num_domains, labels.shape[0]).to(device))
+        images = inferer.sample(input_noise=noise, diffusion_model=model, scheduler=scheduler, conditioning=cond,
+                                mode="concat", verbose=False)
+        out.append(from_model_range(images).cpu())
+    return torch.cat(out)
+
+
+def generator_nbytes(generator: nn.Module) -> int:
+    """Bytes of a generator's state on the wire (parameters and buffers), the G of the communication cost."""
+    return int(sum(t.numel() * t.element_size() for t in generator.state_dict().values()))
+

@@ -1,0 +1,132 @@
+"""The FedST server's persistor: the initial segmentation model (and join generator), and the saved style store /
+join generator file.
+
+A FLARE ``ModelPersistor``: the workflow loads the initial weights through it (``load_model``) and saves through
+it (``save_model``) after every round; on FLARE's ``GLOBAL_BEST_MODEL_AVAILABLE`` (fired by
+``IntimeModelSelector`` when the sites' mean validation Dice of the model sent this round is the best so far) it
+writes the model the workflow published as ``GLOBAL_MODEL`` to the "best" file. Weights are flat dicts with
+the payload prefixes of :mod:`.protocol` (``seg.``, ``gen.``, ``gen_<i>.``); the learnable's meta holds the
+site list, the classes each generator was trained on, the image size and each store entry's upload round.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from nvflare.apis.fl_constant import FLContextKey
+from nvflare.apis.fl_context import FLContext
+from nvflare.app_common.abstract.model import ModelLearnable, ModelLearnableKey, make_model_learnable
+from nvflare.app_common.abstract.model_persistor import ModelPersistor
+from nvflare.app_common.app_constant import AppConstants
+from nvflare.app_common.app_event_type import AppEventType
+
+from medflare import ConfigError, MedflareError
+from medflare.common.component import keep_args
+from medflare.common.payload import flatten, state_to_numpy, unflatten
+from medflare.common.persistence import model_from_preset
+from medflare.common.results import describe
+from medflare.fedst import protocol as P
+from medflare.fedst.diffusion import build_generator, diffusion_config, generator_args
+from medflare.fedst.store import BEST_FILE_OF, FILE_OF, KIND_OF, check_compatible, save_result
+from medflare.presets import get_preset
+
+#: learnable meta keys
+META_SITES, META_CLASSES, META_SIZE, META_VERSIONS, META_ROUND, META_METRICS = (
+    "sites", "trained_classes", "image_size", "versions", "round", "metrics")
+
+
+def fedst_generator_args(preset: str, overrides: Mapping[str, Any] | None, num_domains: int) -> dict[str, Any]:
+    """The StyleGenerator arguments a preset implies (image channels and classes from its model and data)."""
+    cfg = get_preset(preset, overrides)
+    if "diffusion" not in cfg:
+        raise ConfigError(f"preset '{preset}' has no 'diffusion' section; FedST needs one (e.g. preset 'fedst')")
+    return generator_args(cfg["diffusion"], int(cfg["model"]["args"].get("in_channels", 1)), int(cfg["data"]["num_classes"]), num_domains)
+
+
+def fedst_description(preset: str, overrides: Mapping[str, Any] | None, variant: str) -> dict[str, Any]:
+    """The ``train_conf["medflare"]`` entry of a FedST file (kind, preset, overrides, seg model, data, diffusion)."""
+    return describe(preset, overrides, kind=KIND_OF[variant], diffusion=diffusion_config(get_preset(preset, overrides).get("diffusion")))
+
+
+class FedSTPersistor(ModelPersistor):
+    """Initial and saved weights of a FedST job.
+
+    Args:
+        variant: "separate" (style store) or "join" (one domain-conditioned generator). Default "join".
+        preset / overrides / seed: as the sites' executors (the segmentation network and the generator
+            architecture come from the preset). Defaults "fedst", none, 0.
+        init_file: a FedST file of the same variant and generator architecture to start from (pretrained
+            generators; FedST-separate sites already in its store skip the generator warm-up). "" = none.
+        file_name / best_file_name: files written into the server's app folder. "" = ``FedST_style_store.pt`` /
+            ``FedST_join_generator.pt`` and their ``best_`` versions.
+    """
+
+    def __init__(self, variant: str = "join", preset: str = "fedst", overrides: Mapping[str, Any] | None = None, seed: int = 0,
+                 init_file: str = "", file_name: str = "", best_file_name: str = ""):
+        super().__init__()
+        if variant not in P.VARIANTS:
+            raise ConfigError(f"FedSTPersistor: 'variant' must be one of {list(P.VARIANTS)}, got {variant!r}")
+        keep_args(self, variant=variant, preset=preset, overrides=overrides or {}, seed=seed, init_file=init_file,
+                  file_name=file_name, best_file_name=best_file_name)
+        self.description = fedst_description(preset, overrides, variant)
+        self.num_classes = int(get_preset(preset, overrides)["data"]["num_classes"])
+        self._dir = ""
+
+    def _path(self, best: bool) -> str:
+        name = (self.best_file_name or BEST_FILE_OF[self.variant]) if best else (self.file_name or FILE_OF[self.variant])
+        return os.path.join(self._dir, name)
+
+    def load_model(self, fl_ctx: FLContext) -> ModelLearnable:
+        self._dir = fl_ctx.get_prop(FLContextKey.APP_ROOT) or os.getcwd()
+        sites = sorted(c.name for c in fl_ctx.get_engine().get_clients())
+        join = self.variant == "join"
+        args = fedst_generator_args(self.preset, self.overrides, len(sites) if join else 0)
+        models: dict[str, dict[str, np.ndarray]] = {P.SEG: state_to_numpy(model_from_preset(self.preset, self.overrides, self.seed))}
+        meta: dict[str, Any] = {META_SITES: sites, META_CLASSES: {}, META_SIZE: None, META_VERSIONS: {}, META_ROUND: 0, META_METRICS: {}}
+        start = check_compatible(self.init_file, self.variant, self.preset, args, self.num_classes) if self.init_file else None
+        if join:
+            torch.manual_seed(self.seed)
+            models[P.GEN] = state_to_numpy(build_generator(args))
+            if start is not None:
+                if list(start.sites) != sites:
+                    raise MedflareError(f"init_file '{self.init_file}' was trained for sites {start.sites}; this job has {sites} "
+                                        "(the domain vector has one entry per site)")
+                models[P.GEN] = state_to_numpy(start.networks["generator"])
+                meta[META_CLASSES] = dict(start.trained_classes)
+        elif start is not None:
+            for i, site in enumerate(sites):
+                if site in start.domains:
+                    models[P.store_prefix(i)] = state_to_numpy(start.generator_for(site)[0])
+                    meta[META_CLASSES][site] = start.trained_classes.get(site, [])
+                    meta[META_VERSIONS][site] = -1  # from the init file
+            self.log_info(fl_ctx, f"style store starts with {sorted(meta[META_VERSIONS])} from '{self.init_file}'")
+        if start is not None:
+            meta[META_SIZE] = start.image_size
+        return make_model_learnable(weights=flatten(models), meta_props=meta)
+
+    def save_model(self, learnable: ModelLearnable, fl_ctx: FLContext) -> None:
+        self._write(learnable, self._path(best=False))
+
+    def _write(self, learnable: ModelLearnable, path: str) -> None:
+        weights, meta = learnable[ModelLearnableKey.WEIGHTS], learnable[ModelLearnableKey.META]
+        sites = list(meta[META_SITES])
+        parts = unflatten(weights)
+        join = self.variant == "join"
+        store = None if join else {s: parts[P.store_prefix(i)] for i, s in enumerate(sites) if P.store_prefix(i) in parts}
+        save_result(
+            path, description=self.description, sites=sites,
+            generator_args=fedst_generator_args(self.preset, self.overrides, len(sites) if join else 0),
+            segmentation=parts[P.SEG], generators=store, generator_state=parts.get(P.GEN) if join else None,
+            trained_classes=meta.get(META_CLASSES), image_size=meta.get(META_SIZE), versions=meta.get(META_VERSIONS),
+            round_num=int(meta.get(META_ROUND, 0)), metrics=meta.get(META_METRICS),
+        )
+
+    def handle_event(self, event_type: str, fl_ctx: FLContext) -> None:
+        if event_type == AppEventType.GLOBAL_BEST_MODEL_AVAILABLE:
+            learnable = fl_ctx.get_prop(AppConstants.GLOBAL_MODEL)
+            if learnable and self._dir:
+                self._write(learnable, self._path(best=True))
+                self.log_info(fl_ctx, f"new best model -> {self._path(best=True)}")

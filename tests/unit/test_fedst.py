@@ -1,0 +1,345 @@
+"""FedST's functional core: the conditioning, L_simple (Eq. 2), Eq. 3, the communication cost (Eq. 4) and the saved files."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from monai.losses import DiceLoss, FocalLoss
+from monai.networks.schedulers import DDPMScheduler, RFlowScheduler
+from nvflare.app_common.abstract.fl_model import FLModel
+
+from medflare import ConfigError, DataError, ResultFileError
+from medflare.common.payload import flatten, payload_bytes, state_to_numpy
+from medflare.common.results import describe, load_result
+from medflare.common.training import make_loader, make_loss, make_optimizer, train_epochs
+from medflare.fedst import comm
+from medflare.fedst import protocol as P
+from medflare.fedst.conditioning import check_domain_vectors, domain_vectors, encode_labels, participation_mean
+from medflare.fedst.controller import FedSTSeparateController
+from medflare.fedst.diffusion import (build_generator, cycle, diffusion_config, generator_args, generator_optimizer, sample_images,
+                                      sampling_scheduler, simple_loss, train_generator, training_scheduler)
+from medflare.fedst.losses import CrossDomainTerm, segmentation_loss
+from medflare.fedst.persistor import fedst_description, fedst_generator_args
+from medflare.fedst.store import check_compatible, load_fedst_result, save_result
+from medflare.nets import build_from_spec
+from medflare.presets import get_preset
+
+TINY = {"channels": [8, 16], "num_res_blocks": 1, "attention_levels": [False, False], "norm_num_groups": 4, "num_head_channels": 4}
+
+
+def _generator(num_domains=0, num_classes=3, seed=0, perturb=True):
+    torch.manual_seed(seed)
+    gen = build_generator(generator_args({"generator": TINY}, 1, num_classes, num_domains))
+    if perturb:  # MONAI zero-initialises the last conv of every block: an untrained UNet outputs 0 whatever the input
+        with torch.no_grad():
+            for p in gen.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+    return gen.eval()
+
+
+def _labels(batch=2, size=8):
+    lab = torch.zeros(batch, 1, size, size, dtype=torch.long)
+    lab[:, :, 2:6, 2:6] = 1
+    lab[:, :, 3:5, 3:5] = 2
+    return lab
+
+
+# ---- conditioning ---------------------------------------------------------------------------------
+def test_encode_labels_is_one_hot_in_pm1_and_refuses_untrained_classes():
+    lab = _labels()
+    enc = encode_labels(lab, 3)
+    assert enc.shape == (2, 3, 8, 8) and set(enc.unique().tolist()) == {-1.0, 1.0}
+    assert torch.equal(enc.argmax(1, keepdim=True), lab) and torch.all((enc == 1).sum(1) == 1)
+    with pytest.raises(DataError, match=r"class\(es\) \[2\].*trained classes: \[0, 1\]"):
+        encode_labels(lab, 3, trained=[0, 1], who="the generator of 'site-2'")
+    with pytest.raises(DataError, match=r"\[3\]"):
+        encode_labels(lab + 1, 3)
+
+
+def _forward(gen, labels, domain=None, seed=1):
+    torch.manual_seed(seed)
+    x = torch.cat([torch.randn(labels.shape[0], 1, 8, 8), encode_labels(labels, gen.num_classes)], dim=1)
+    with torch.no_grad():
+        return gen(x, torch.full((labels.shape[0],), 500), domain=domain)
+
+
+def test_label_channels_change_the_output_where_the_label_changes():
+    gen = _generator()
+    a, b = _labels(1), _labels(1)
+    b[:, :, 3:5, 3:5] = 1  # no cup
+    out_a, out_a2, out_b = _forward(gen, a), _forward(gen, a), _forward(gen, b)
+    assert torch.equal(out_a, out_a2)
+    diff = (out_a - out_b).abs()[0, 0]
+    assert diff.max() > 1e-3
+    # the effect is strongest where the label differs (the receptive field spreads it a little)
+    assert diff[3:5, 3:5].mean() > diff[0, :].mean()
+
+
+def test_domain_module_changes_the_output_and_only_through_the_domain_vector():
+    gen = _generator(num_domains=2)
+    lab = _labels(1)
+    d0, d1 = domain_vectors(0, 2, 1), domain_vectors(1, 2, 1)
+    assert (_forward(gen, lab, d0) - _forward(gen, lab, d1)).abs().max() > 1e-3
+    # switch the controllable modules off (scale 0, bias 0): both domains give the same image
+    with torch.no_grad():
+        for mod in gen.modulation:
+            mod.proj.weight.zero_()
+            mod.proj.bias.zero_()
+    assert torch.allclose(_forward(gen, lab, d0), _forward(gen, lab, d1))
+    # every residual block of MONAI's UNet carries one module (down, middle and up path)
+    from monai.networks.nets.diffusion_model_unet import DiffusionUNetResnetBlock
+    assert len(gen.modulation) == sum(isinstance(m, DiffusionUNetResnetBlock) for m in gen.unet.modules()) > 4
+
+
+def test_all_zero_or_missing_domain_vectors_are_refused():
+    gen = _generator(num_domains=3)
+    lab = _labels(2)
+    with pytest.raises(ValueError, match=r"row\(s\) \[1\] are all zero"):
+        _forward(gen, lab, torch.tensor([[1.0, 0, 0], [0, 0, 0]]))
+    with pytest.raises(ValueError, match="not one-hot"):
+        check_domain_vectors(torch.tensor([[0.5, 0.5, 0]]), 3)
+    with pytest.raises(ValueError, match="pass a one-hot 'domain'"):
+        _forward(gen, lab)
+    with pytest.raises(ValueError, match="no domain input"):
+        _forward(_generator(), lab, domain_vectors(0, 2, 2))
+
+
+def test_participation_mean_keeps_an_entry_that_one_site_trains_whole():
+    diffs = [{"shared": np.array([1.0, 2.0], np.float32), "col": np.array([[3.0, 0.0]], np.float32), "n": np.array(5)},
+             {"shared": np.array([3.0, 6.0], np.float32), "col": np.array([[0.0, 8.0]], np.float32), "n": np.array(7)}]
+    out = participation_mean(diffs, [1.0, 3.0])
+    np.testing.assert_allclose(out["shared"], [(1 + 9) / 4, (2 + 18) / 4])  # both sites changed it: weighted mean
+    np.testing.assert_allclose(out["col"], [[3.0, 8.0]])  # each column changed by one site only: that site's update
+    assert out["n"] == 5 and out["shared"].dtype == np.float32
+    with pytest.raises(ValueError, match="one non-negative weight"):
+        participation_mean(diffs, [1.0])
+
+
+def test_only_the_own_domain_column_of_the_domain_module_learns_at_a_site():
+    gen = _generator(num_domains=3, perturb=False)
+    before = state_to_numpy(gen)
+    lab = _labels(4)
+    data = [{"image": torch.rand(1, 8, 8), "label": lab[i]} for i in range(4)]
+    cfg = diffusion_config({"generator": TINY, "scheduler": "rflow"})
+    train_generator(gen, training_scheduler(cfg), torch.optim.Adam(gen.parameters(), lr=1e-2),
+                    cycle(lambda e: make_loader(data, 2, True, seed=e)), 3, domain_index=1)
+    after = state_to_numpy(gen)
+    for i in range(len(gen.modulation)):
+        key = f"modulation.{i}.proj.weight"
+        change = np.abs(after[key] - before[key]).sum(axis=0)  # per domain column
+        assert change[1] > 0 and change[0] == 0 and change[2] == 0, (key, change)
+
+
+def test_generator_optimizer_gives_the_domain_module_its_own_rate():
+    cfg = {"generator": TINY, "lr": 1e-3, "domain_lr": 5e-2}
+    joint, plain = _generator(num_domains=2, perturb=False), _generator(perturb=False)
+    groups = generator_optimizer(joint, cfg).param_groups
+    assert [g["lr"] for g in groups] == [1e-3, 5e-2]
+    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in joint.modulation.parameters()}
+    assert sum(len(g["params"]) for g in groups) == len(list(joint.parameters()))
+    assert [g["lr"] for g in generator_optimizer(plain, cfg).param_groups] == [1e-3]  # FedST-separate: no domain module
+    with pytest.raises(ConfigError, match="domain_lr"):
+        diffusion_config({"domain_lr": 0})
+
+
+# ---- Eq. 2 ----------------------------------------------------------------------------------------
+class _Echo(torch.nn.Module):
+    """Returns input channel ``channel``: the noisy image (0) or the first label channel (1)."""
+
+    def __init__(self, channel):
+        super().__init__()
+        self.channel = channel
+
+    def forward(self, x, timesteps, context=None):
+        return x[:, self.channel:self.channel + 1]
+
+
+def test_simple_loss_against_a_hand_computed_case():
+    # linear betas [0.1, 0.3] -> alphas_cumprod [0.9, 0.63]; at t = 1: x_t = sqrt(.63) x0 + sqrt(.37) eps
+    sched = DDPMScheduler(num_train_timesteps=2, schedule="linear_beta", beta_start=0.1, beta_end=0.3)
+    x0, eps = torch.ones(1, 1, 2, 2), -torch.ones(1, 1, 2, 2)
+    cond = encode_labels(torch.zeros(1, 1, 2, 2, dtype=torch.long), 2)  # channel 0 = +1, channel 1 = -1
+    t = torch.tensor([1])
+    x_t = math.sqrt(0.63) - math.sqrt(0.37)  # the echo model predicts x_t; the target is eps = -1
+    assert simple_loss(_Echo(0), sched, x0, cond, eps, t).item() == pytest.approx((x_t + 1) ** 2, rel=1e-5)  # 1.40529
+    assert simple_loss(_Echo(0), sched, x0, cond, eps, t, kind="l1").item() == pytest.approx(abs(x_t + 1), rel=1e-5)
+    # the label map reaches the network concatenated after the noisy image: channel 1 is the encoded class 0 = +1
+    assert simple_loss(_Echo(1), sched, x0, cond, eps, t).item() == pytest.approx(4.0)
+    # at t = 0: x_t = sqrt(.9) x0 + sqrt(.1) eps
+    assert simple_loss(_Echo(0), sched, x0, cond, eps, torch.tensor([0])).item() == pytest.approx((math.sqrt(0.9) - math.sqrt(0.1) + 1) ** 2, rel=1e-5)
+    # rectified flow: x_t = (1 - t/T) x0 + (t/T) eps, target x0 - eps = 2
+    rf = RFlowScheduler(num_train_timesteps=4, use_discrete_timesteps=True, spatial_dim=2)
+    x_rf = 0.75 * 1 + 0.25 * -1
+    assert simple_loss(_Echo(0), rf, x0, cond, eps, torch.tensor([1])).item() == pytest.approx((x_rf - 2) ** 2, rel=1e-5)
+
+
+def test_generator_training_lowers_l_simple_and_sampling_is_seeded():
+    cfg = diffusion_config({"generator": TINY, "scheduler": "rflow", "sample_steps": 4, "lr": 3e-3})
+    torch.manual_seed(0)
+    gen = build_generator(generator_args(cfg, 1, 3))
+    lab = _labels(16)
+    images = torch.where(lab == 1, 0.8, torch.where(lab == 2, 0.2, 0.5)).float()
+    data = [{"image": images[i], "label": lab[i]} for i in range(16)]
+    losses = train_generator(gen, training_scheduler(cfg), torch.optim.Adam(gen.parameters(), lr=cfg["lr"]),
+                             cycle(lambda e: make_loader(data, 8, True, seed=e)), 60)
+    assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])
+    a = sample_images(gen, sampling_scheduler(cfg), lab[:2], seed=3)
+    b = sample_images(gen, sampling_scheduler(cfg), lab[:2], seed=3)
+    assert a.shape == (2, 1, 8, 8) and torch.equal(a, b) and 0 <= a.min() and a.max() <= 1
+    with pytest.raises(ConfigError, match="multiples of 2"):
+        sample_images(gen, sampling_scheduler(cfg), torch.zeros(1, 1, 7, 8, dtype=torch.long))
+
+
+def test_diffusion_config_names_bad_keys():
+    with pytest.raises(ConfigError, match="'diffusion.scheduler'"):
+        diffusion_config({"scheduler": "euler"})
+    with pytest.raises(ConfigError, match="unknown key"):
+        diffusion_config({"steps": 3})
+    with pytest.raises(ConfigError, match="cannot exceed"):
+        diffusion_config({"train_timesteps": 10, "sample_steps": 20})
+
+
+# ---- Eq. 3 ----------------------------------------------------------------------------------------
+def test_dicefocal_is_softmax_dice_plus_softmax_focal():
+    torch.manual_seed(0)
+    logits, lab = torch.randn(2, 3, 8, 8), _labels(2)
+    expected = DiceLoss(to_onehot_y=True, softmax=True)(logits, lab) + FocalLoss(to_onehot_y=True, use_softmax=True)(logits, lab)
+    assert make_loss("dicefocal", "segmentation")(logits, lab).item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_eq3_is_local_plus_lambda_cross_domain():
+    torch.manual_seed(0)
+    loss = make_loss("dicefocal", "segmentation")
+    real, syn, lab_r, lab_s = torch.randn(2, 3, 8, 8), torch.randn(2, 3, 8, 8), _labels(2), _labels(2).flip(-1)
+    lds, cds = loss(real, lab_r).item(), loss(syn, lab_s).item()
+    assert segmentation_loss(loss, real, lab_r, syn, lab_s, 0.5).item() == pytest.approx(lds + 0.5 * cds, rel=1e-6)
+    assert segmentation_loss(loss, real, lab_r, syn, lab_s, 0.0).item() == pytest.approx(lds, rel=1e-6)
+    assert segmentation_loss(loss, real, lab_r, None, None, 1.0).item() == pytest.approx(lds, rel=1e-6)
+
+
+def test_cross_domain_term_enters_training_through_train_epochs():
+    spec = get_preset("fedst_tiny")["model"]
+    lab = _labels(4, 16)
+    real = [{"image": torch.rand(1, 16, 16), "label": lab[i]} for i in range(4)]
+    syn = [{"image": torch.rand(1, 16, 16), "label": lab[i].flip(-1)} for i in range(4)]
+    loss = make_loss("dicefocal", "segmentation")
+
+    def run(lam):
+        torch.manual_seed(0)
+        model = build_from_spec(spec)
+        term = CrossDomainTerm(loss, cycle(lambda e: make_loader(syn, 2, False)), lam)
+        stats = train_epochs(model, make_loader(real, 2, False), loss, make_optimizer("adam", model.parameters(), 1e-2), epochs=1, extra_loss=term)
+        return state_to_numpy(model), stats, term
+
+    w0, s0, t0 = run(0.0)
+    w1, s1, t1 = run(1.0)
+    assert len(t1.values) == s1.steps == 2
+    # step 1's loss is L_LDS + lambda L_CDS of the same initial model
+    assert s1.losses[0] == pytest.approx(s0.losses[0] + t1.values[0], rel=1e-5)
+    assert any(not np.allclose(w0[k], w1[k]) for k in w0)
+
+
+# ---- communication cost ---------------------------------------------------------------------------
+def test_eq4_crossover_matches_the_paper_counting():
+    g = 1000
+    for c in range(2, 40):
+        for m in range(0, 30):
+            cheaper = comm.paper_join_bytes(c, m, g) < comm.separate_generator_bytes(c, g)
+            assert cheaper == comm.eq4_join_cheaper(m, c), (c, m)
+            # this implementation's join saves the final download: cheaper iff m < c / 2
+            assert (comm.join_generator_bytes(c, m, g) < comm.separate_generator_bytes(c, g)) == (m < c / 2)
+    # Fig. 9c: 50 rounds -> join cheaper from 102 sites on (paper: "exceeds 100")
+    assert not comm.eq4_join_cheaper(50, 101) and comm.eq4_join_cheaper(50, 102)
+    assert comm.store_shares(10, 0) == 1 and comm.store_shares(10, 3) == 4 and comm.store_shares(1, 3) == 1
+
+
+def _separate_controller(sites, gen_params, versions):
+    ctrl = FedSTSeparateController(num_rounds=3, preset="fedst_tiny")
+    ctrl.site_names = sites
+    ctrl.parts = {P.SEG: {"w": np.zeros(3, np.float32)}}
+    ctrl.parts.update({P.store_prefix(i): gen_params for i in range(len(sites))})
+    ctrl.versions = dict(versions)
+    ctrl.held = {s: {} for s in sites}
+    return ctrl
+
+
+@pytest.mark.parametrize("c", [2, 3, 5])
+def test_separate_store_sharing_costs_c_squared_generators(c):
+    gen = state_to_numpy(_generator(perturb=False))
+    G = payload_bytes(gen)
+    sites = [f"hospital-{chr(97 + i)}" for i in range(c)]
+    ctrl = _separate_controller(sites, gen, {s: 0 for s in sites})
+    ledger = comm.Ledger()
+    for s in sites:  # upload: each site sends its generator once (FULL weights)
+        ledger.record(0, P.TRAIN_GENERATOR, s, "generator", 0, payload_bytes(flatten({P.GEN: gen})))
+    for rnd in range(3):  # the store goes out once; later rounds send nothing new
+        for s in sites:
+            ledger.record(rnd, P.SAMPLE, s, "generator", payload_bytes(ctrl._store_payload(s)), 0)
+    assert ledger.total("generator") == comm.separate_generator_bytes(c, G) == c * c * G
+    # a refresh (new versions) shares the store again
+    ctrl.versions = {s: 2 for s in sites}
+    assert sum(payload_bytes(ctrl._store_payload(s)) for s in sites) == c * (c - 1) * G
+
+
+def test_sites_with_different_image_sizes_are_refused():
+    ctrl = _separate_controller(["a", "b"], {}, {})
+    ctrl.classes, ctrl.image_size, ctrl.image_size_of = {}, None, {}
+    ctrl._note_site("a", FLModel(params={}, meta={P.IMAGE_SIZE: [32, 32], P.CLASSES: [0, 1, 2]}))
+    with pytest.raises(ConfigError, match=r"a: 32x32, b: 64x64"):
+        ctrl._note_site("b", FLModel(params={}, meta={P.IMAGE_SIZE: [64, 64]}))
+
+
+# ---- saved files ----------------------------------------------------------------------------------
+def _save(tmp_path, variant="separate", preset="fedst_tiny", sites=("site-1", "site-2"), classes=None):
+    sites = list(sites)
+    join = variant == "join"
+    args = fedst_generator_args(preset, None, len(sites) if join else 0)
+    torch.manual_seed(0)
+    seg = state_to_numpy(build_from_spec(get_preset(preset)["model"]))
+    gens = {s: state_to_numpy(build_generator(args)) for s in sites}
+    path = tmp_path / f"{variant}.pt"
+    save_result(path, description=fedst_description(preset, None, variant), sites=sites, generator_args=args, segmentation=seg,
+                generators=None if join else gens, generator_state=gens[sites[0]] if join else None,
+                trained_classes=classes or {s: [0, 1, 2] for s in sites}, image_size=[32, 32], round_num=3)
+    return path
+
+
+@pytest.mark.parametrize("variant", ["separate", "join"])
+def test_saved_file_reloads_predicts_and_samples(tmp_path, variant):
+    path = _save(tmp_path, variant)
+    result = load_result(path)
+    assert result.kind == {"separate": "fedst_style_store", "join": "fedst_join_generator"}[variant]
+    assert result.domains == ["site-1", "site-2"] and result.info["round"] == 3
+    (label, model), = result.predictors({})
+    assert model(torch.rand(1, 1, 32, 32)).shape == (1, 3, 32, 32)
+    images = result.sample([_labels(1, 32)[0], _labels(1, 32)[0]], {"domain": "site-2", "seed": 0})
+    assert len(images) == 2 and images[0].shape == (1, 32, 32)
+    with pytest.raises(ConfigError, match=r"no generator for domain 'site-9'.*\['site-1', 'site-2'\]"):
+        result.sample([_labels(1, 32)[0]], {"domain": "site-9"})
+    with pytest.raises(DataError, match="trained on 32x32"):
+        result.sample([_labels(1, 16)[0]], {"domain": "site-1"})
+    with pytest.raises(ConfigError, match="--domain"):
+        result.sample([_labels(1, 32)[0]], {})
+
+
+def test_a_style_store_missing_a_site_and_untrained_classes_are_named(tmp_path):
+    path = _save(tmp_path, sites=["site-1"], classes={"site-1": [0, 1]})
+    result = load_fedst_result(path)
+    with pytest.raises(ConfigError, match="style store holds \\['site-1'\\]"):
+        result.sample([_labels(1, 32)[0]], {"domain": "site-2"})
+    with pytest.raises(DataError, match=r"generator of 'site-1'.*class\(es\) \[2\]"):
+        result.sample([_labels(1, 32)[0]], {"domain": "site-1"})
+
+
+def test_a_generator_file_from_another_preset_is_refused(tmp_path):
+    path = _save(tmp_path, preset="fedst_tiny")
+    assert check_compatible(path, "separate", "fedst_tiny", fedst_generator_args("fedst_tiny", None, 0), 3).kind == "fedst_style_store"
+    with pytest.raises(ResultFileError, match=r"separate\.pt' \(preset 'fedst_tiny'\) does not fit this job's preset 'fedst': .*channels: file \[8, 16, 16\] vs job \[8, 16, 32, 32\]"):
+        check_compatible(path, "separate", "fedst", fedst_generator_args("fedst", None, 0), 3)
+    with pytest.raises(ResultFileError, match="FedST-join starts from a fedst_join_generator"):
+        check_compatible(path, "join", "fedst_tiny", fedst_generator_args("fedst_tiny", None, 2), 3)
+    plain = tmp_path / "model.pt"
+    torch.save({"train_conf": {"medflare": describe("fedst_tiny")}, "model": state_to_numpy(build_from_spec(get_preset("fedst_tiny")["model"]))}, plain)
+    with pytest.raises(ResultFileError, match="not a FedST"):
+        load_fedst_result(plain)

@@ -154,7 +154,14 @@ class FedSMExecutor(SiteExecutor):
             nets.update({P.person_key(i): (net, models[P.person_key(i)]) for i, net in enumerate(persons) if i != idx})
         digests = {name: _digest(params) for name, (_, params) in nets.items()}
         todo = {name: net for name, (net, _) in nets.items() if (split, name, digests[name]) not in self._scores}
-        fresh, typicality, head = one_pass(self.loader(split), todo, self.selector, self.score_cases, self.torch_device)
+        loader, whole = self.loader(split), self.data.whole_volumes
+        if whole is not None and self.data.spatial_dims == 3:
+            # 3D presets: each case is a whole volume, which a patch-trained network predicts by sliding windows; the
+            # selector's stem (encoder blocks only) reads the whole volume directly
+            for net in todo.values():
+                net.eval()
+            loader, todo = whole.loader(split), {name: whole.predictor(net) for name, net in todo.items()}
+        fresh, typicality, head = one_pass(loader, todo, self.selector, self.score_cases, self.torch_device)
         self._scores = {key: v for key, v in self._scores.items() if key[2] in digests.values()}  # keep only current models
         self._scores.update({(split, name, digests[name]): v for name, v in fresh.items()})
         case_scores = {name: self._scores[(split, name, digests[name])] for name in nets}

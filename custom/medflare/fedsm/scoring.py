@@ -45,7 +45,7 @@ def case_scorer(task: str, num_classes: int, metric: str, device: torch.device |
 @torch.no_grad()
 def one_pass(
     batches: Iterable[Mapping[str, Any]],
-    nets: Mapping[str, torch.nn.Module],
+    nets: Mapping[str, torch.nn.Module | Callable[[torch.Tensor], torch.Tensor]],
     selector: torch.nn.Module | None,
     score: CaseScorer,
     device: torch.device | str,
@@ -54,7 +54,8 @@ def one_pass(
     scores: dict[str, list[torch.Tensor]] = {name: [] for name in nets}
     typ, head = [], []
     for net in nets.values():
-        net.eval()
+        if isinstance(net, torch.nn.Module):  # else a predictor around a network already in eval mode
+            net.eval()
     if selector is not None:
         selector.eval()
     for batch in batches:

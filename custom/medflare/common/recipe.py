@@ -27,12 +27,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from nvflare.apis.analytix import ANALYTIC_EVENT_TYPE
 from nvflare.app_common.widgets.convert_to_fed_event import ConvertToFedEvent
 from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
 from nvflare.job_config.api import FedJob
 from nvflare.recipe.spec import Recipe
 
 from medflare.common.task_wait import TaskReadyResponder, WaitForNextTask
+from medflare.common.tracking import SERVER_EVENT_TYPE
 
 #: FLARE timings of every medflare job (stock FLARE: 2 s idle wait per round; see benchmarks/RESULTS.md). Sites wait
 #: for their next task (medflare.common.task_wait) before asking for it, so they may ask at once: FLARE sends
@@ -42,7 +44,6 @@ SERVER_SETTINGS = {"server": {"task_request_interval": 0.02}}
 CLIENT_SETTINGS = {"default_task_fetch_interval": 0.02}
 #: how often a FLARE workflow checks its standing tasks (stock 0.5 s): the latency from the last result to aggregation
 TASK_CHECK_PERIOD = 0.02
-ANALYTICS_EVENT = "analytix_log_stats"
 
 CUSTOM_README = """# app/custom: deliberately holds no code
 
@@ -103,14 +104,14 @@ class JobRecipe(Recipe):
         job.to_server(workflow, id=workflow_id)
         for comp_id, comp in (server_components or {}).items():
             job.to_server(comp, id=comp_id)
-        job.to_server(TBAnalyticsReceiver(events=[f"fed.{ANALYTICS_EVENT}"]), id="tb_receiver")
+        job.to_server(TBAnalyticsReceiver(events=[SERVER_EVENT_TYPE]), id="tb_receiver")
         job.to_server(TaskReadyResponder(), id="task_ready")
         job.to_clients(executor, tasks=list(tasks))
         for extra, extra_tasks in more_executors or ():
             job.to_clients(extra, tasks=list(extra_tasks))
         for comp_id, comp in (client_components or {}).items():
             job.to_clients(comp, id=comp_id)
-        job.to_clients(ConvertToFedEvent(events_to_convert=[ANALYTICS_EVENT], fed_event_prefix="fed."), id="event_to_fed")
+        job.to_clients(ConvertToFedEvent(events_to_convert=[ANALYTIC_EVENT_TYPE], fed_event_prefix="fed."), id="event_to_fed")
         job.to_clients(WaitForNextTask(), id="wait_for_next_task")
         super().__init__(job)
         self.add_server_config(dict(SERVER_SETTINGS))

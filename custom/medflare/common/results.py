@@ -88,8 +88,11 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def save_checkpoint(data: Mapping[str, Any], path: str | os.PathLike) -> None:
-    """``torch.save`` of a result dict, atomically (written beside ``path``, then renamed: a reader never sees half a file)."""
-    tmp = f"{path}.tmp"
+    """``torch.save`` of a dict, atomically (written beside ``path``, then renamed: a reader never sees half a file);
+    the folder is created when missing."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
     torch.save(dict(data), tmp)
     os.replace(tmp, path)
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from medflare import ConfigError, DataError, ResultFileError
-from medflare.common.results import describe, load_result, ModelResult
+from medflare.common.results import describe, load_result, ModelResult, save_checkpoint
 from medflare.common.training import make_loader, make_loss, make_optimizer, train_epochs
 from medflare.data.util import cache_root
 from medflare.nets import build_from_spec
@@ -97,11 +97,8 @@ def train_teacher(spec: Mapping[str, Any], train: Mapping[str, Any], dataset, ta
 def save_teacher(path: Path, model: torch.nn.Module, spec: Mapping[str, Any], preset: str, overrides: Mapping[str, Any] | None,
                  site: str, train: Mapping[str, Any]) -> None:
     """Write the teacher as a ``model`` result file (atomic), so ``medflare evaluate --model`` scores it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     desc = describe(preset, overrides, kind="model", model=dict(spec), fediod_teacher={"site": site, "train": dict(train)})
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({"model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "train_conf": {"medflare": desc}}, tmp)
-    os.replace(tmp, path)
+    save_checkpoint({"model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "train_conf": {"medflare": desc}}, path)
 
 
 def load_teacher(path: Path, spec: Mapping[str, Any], num_classes: int) -> torch.nn.Module:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from medflare import ConfigError, ResultFileError
-from medflare.common.results import Result, describe, description_of, load_result
+from medflare.common.results import Result, describe, description_of, load_result, save_checkpoint
 from medflare.fedsm import protocol as P
 from medflare.fedsm.routing import SuperModelPredictor
 from medflare.fedsm.selector import build_selector
@@ -70,9 +70,7 @@ def save_super_model(path: str | os.PathLike, network: nn.ModuleDict, descriptio
     """Write ``network`` in the persistor's layout (the server saves through FLARE's persistor; tools and tests use this)."""
     data = {"model": {k: v.detach().cpu() for k, v in network.state_dict().items()},
             "train_conf": {"medflare": dict(description)}, "meta_props": dict(meta or {})}
-    tmp = f"{path}.tmp"
-    torch.save(data, tmp)
-    os.replace(tmp, path)
+    save_checkpoint(data, path)
 
 
 class SuperModel(Result):

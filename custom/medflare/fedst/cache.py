@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from medflare import DataError
+from medflare.common.results import save_checkpoint
 
 JOIN_KEY = "join"
 
@@ -31,13 +32,6 @@ JOIN_KEY = "join"
 def _safe(name: str) -> str:
     """A file name for a site name (site names may hold characters a file system dislikes)."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "_"
-
-
-def _save(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 class SiteStyleCache:
@@ -49,7 +43,7 @@ class SiteStyleCache:
     # ---- generators ----
     def put_generator(self, key: str, params: Mapping[str, Any], version: int, classes: Sequence[int] = ()) -> None:
         state = {k: torch.as_tensor(np.array(v, copy=True)) for k, v in params.items()}
-        _save({"state": state, "version": int(version), "classes": [int(c) for c in classes]}, self.root / "generators" / f"{_safe(key)}.pt")
+        save_checkpoint({"state": state, "version": int(version), "classes": [int(c) for c in classes]}, self.root / "generators" / f"{_safe(key)}.pt")
 
     def generator(self, key: str) -> dict[str, Any] | None:
         """``{"state", "version", "classes"}`` of generator ``key``, or None if this site never received it."""
@@ -62,7 +56,7 @@ class SiteStyleCache:
 
     # ---- synthetic images ----
     def put_synthetic(self, domain: str, images: torch.Tensor, labels: torch.Tensor, version: int, round_num: int) -> None:
-        _save({"images": images.cpu(), "labels": labels.cpu(), "version": int(version), "round": int(round_num), "domain": domain},
+        save_checkpoint({"images": images.cpu(), "labels": labels.cpu(), "version": int(version), "round": int(round_num), "domain": domain},
               self.root / "synthetic" / f"{_safe(domain)}.pt")
 
     def synthetic(self, domain: str) -> dict[str, Any] | None:

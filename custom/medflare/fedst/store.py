@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from medflare import ConfigError, DataError, ResultFileError
-from medflare.common.results import Result, description_of, load_result, network_from
+from medflare.common.results import Result, description_of, load_result, network_from, save_checkpoint
 from medflare.fedst.diffusion import build_generator, diffusion_config, sample_images, sampling_scheduler
 
 STYLE_STORE = "fedst_style_store"
@@ -59,9 +59,7 @@ def save_result(path: str | os.PathLike, *, description: Mapping[str, Any], site
         data["generators"] = {s: _tensors(p) for s, p in generators.items()}
     if generator_state is not None:
         data["generator_state"] = _tensors(generator_state)
-    tmp = f"{path}.tmp"
-    torch.save(data, tmp)
-    os.replace(tmp, path)
+    save_checkpoint(data, path)
 
 
 class FedSTResult(Result):

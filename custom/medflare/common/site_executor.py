@@ -187,8 +187,10 @@ class SiteExecutor(Executor):
         if round_num is not None:
             names = metrics_for_round(names, round_num, total_rounds, self.cfg["eval"]["costly_every"])
         tic = time.perf_counter()
-        loader, whole = self.loader(split), self.data.whole_volumes
-        if whole is not None:
+        whole = self.data.whole_volumes
+        if whole is None:
+            loader = self.loader(split)
+        else:
             loader, predict = whole.loader(split), whole.predictor(predict if predict is not None else model)
         result = evaluate(
             model,

@@ -154,8 +154,10 @@ class FedSMExecutor(SiteExecutor):
             nets.update({P.person_key(i): (net, models[P.person_key(i)]) for i, net in enumerate(persons) if i != idx})
         digests = {name: _digest(params) for name, (_, params) in nets.items()}
         todo = {name: net for name, (net, _) in nets.items() if (split, name, digests[name]) not in self._scores}
-        loader, whole = self.loader(split), self.data.whole_volumes
-        if whole is not None and self.data.spatial_dims == 3:
+        whole = self.data.whole_volumes if self.data.spatial_dims == 3 else None
+        if whole is None:
+            loader = self.loader(split)
+        else:
             # 3D presets: each case is a whole volume, which a patch-trained network predicts by sliding windows; the
             # selector's stem (encoder blocks only) reads the whole volume directly
             for net in todo.values():

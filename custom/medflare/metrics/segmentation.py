@@ -179,7 +179,7 @@ def per_class_scores(
     when a metric needs it: Dice does not), and sensitivity and specificity share one confusion matrix.
     ``spacing``: see :func:`hd95`.
     """
-    surface = {name: surface_tolerance(name) for name in names if surface_tolerance(name) is not None}
+    surface = {name: tol for name in names if (tol := surface_tolerance(name)) is not None}
     unknown = set(names) - {"dice", "hd95", "sensitivity", "specificity"} - set(surface)
     if unknown:
         raise MedflareError(f"per_class_scores: unknown metric(s) {sorted(unknown)}")

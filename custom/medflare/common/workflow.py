@@ -84,6 +84,7 @@ class SiteRounds(ModelController):
         self._refused: dict[str, str] = {}
         self._expected: set[str] = set()
         self._all_in = threading.Event()
+        self.best_value = float("-inf")  # the best value given to offer_best so far
 
     def start_controller(self, fl_ctx: FLContext) -> None:
         """FLARE's set-up, then the server process's share of its machine (torch threads for the workflow's own
@@ -121,11 +122,18 @@ class SiteRounds(ModelController):
         learnable = make_model_learnable(weights=validated.params, meta_props=dict(validated.meta or {}))
         self.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, learnable, private=True, sticky=True)
 
-    def announce_best(self, value: float) -> None:
-        """Fire GLOBAL_BEST_MODEL_AVAILABLE with VALIDATION_RESULT = ``value``, as FLARE's IntimeModelSelector does,
-        for a workflow that judges the published GLOBAL_MODEL itself: the persistor saves it as the best model."""
-        self.fl_ctx.set_prop(AppConstants.VALIDATION_RESULT, float(value), private=True, sticky=False)
+    def offer_best(self, value: float, model: FLModel | None = None) -> bool:
+        """For a workflow that judges its models itself: when ``value`` beats every value offered before (NaN never
+        does), publish ``model`` (if given) and fire GLOBAL_BEST_MODEL_AVAILABLE with VALIDATION_RESULT = ``value``, as
+        FLARE's IntimeModelSelector does, so the persistor saves the best model. Returns whether it was the best."""
+        if not value > self.best_value:
+            return False
+        self.best_value = float(value)
+        if model is not None:
+            self.publish(model)
+        self.fl_ctx.set_prop(AppConstants.VALIDATION_RESULT, self.best_value, private=True, sticky=False)
         self.event(AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
+        return True
 
     def aggregate(self, results: Mapping[str, FLModel], combine: Callable[[Mapping[str, FLModel]], Any]) -> Any:
         """``combine(results)`` between BEFORE_AGGREGATION and AFTER_AGGREGATION (with AGGREGATION_RESULT)."""

@@ -37,7 +37,6 @@ import numpy as np
 import torch
 from nvflare.apis.dxo import DXO
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
-from nvflare.app_common.app_event_type import AppEventType
 from nvflare.apis.fl_constant import FLContextKey
 
 from medflare import PayloadError
@@ -131,7 +130,6 @@ class FedIODController(SiteRounds):
         self.teachers: dict[str, dict] = {}
         self.window = 0
         self.rnd = 0
-        self.best = -np.inf
         self.ended = ""
 
     def _need(self) -> int:
@@ -253,10 +251,8 @@ class FedIODController(SiteRounds):
         self.info(f"round {rnd}: student, mean validation over sites: " + ", ".join(f"{k}={v:.4f}" for k, v in mean.items()))
         self.tracker.scalars(self.fl_ctx, {f"student/{k}": v for k, v in mean.items()}, rnd)
         key = f"val_{self.cfg['eval']['key_metric']}"
-        if mean.get(key, -np.inf) > self.best:
-            self.best = mean[key]
-            self.info(f"round {rnd}: best student so far ({key} {self.best:.4f}) -> the persistor's best file")
-            self.event(AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
+        if self.offer_best(mean.get(key, -np.inf)):
+            self.info(f"round {rnd}: best student so far ({key} {self.best_value:.4f}) -> the persistor's best file")
 
     def _log_round(self, rnd: int, stats: Mapping[str, float], seconds: float) -> None:
         eps = {s: p.get("epsilon", float("inf")) for s, p in self.privacy.items()}

@@ -24,7 +24,6 @@ from typing import Any, Mapping
 import numpy as np
 from nvflare.apis.fl_constant import FLMetaKey
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
-from nvflare.app_common.app_event_type import AppEventType
 
 from medflare import ConfigError, PayloadError
 from medflare.common.aggregation import apply_diff, weighted_mean
@@ -107,7 +106,6 @@ class FedSTController(SiteRounds):
         self.image_size_of: dict[str, list[int]] = {}
         self.versions: dict[str, int] = dict(meta.get(META_VERSIONS) or {})
         self.ledger = comm.Ledger()
-        self.best = -np.inf
         self.metrics: dict[str, float] = {}
 
     def _meta(self, **extra: Any) -> dict[str, Any]:
@@ -180,11 +178,8 @@ class FedSTController(SiteRounds):
         self.info(f"round {rnd}: validation of the global segmentation model, mean over sites: "
                   + ", ".join(f"{k}={v:.4f}" for k, v in self.metrics.items()))
         value = self.metrics.get(self.key_metric, -np.inf)
-        if value > self.best:
-            self.best = value
-            sent.meta[META_METRICS] = dict(self.metrics)
-            self.publish(sent)
-            self.event(AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)  # the persistor writes the best file
+        sent.meta[META_METRICS] = dict(self.metrics)
+        if self.offer_best(value, sent):  # the persistor writes the best file
             self.info(f"round {rnd}: new best mean validation {self.key_metric} {value:.4f}")
 
     def _finish(self, rnd: int) -> None:

@@ -99,7 +99,6 @@ class FedVCKController(SiteRounds):
         self.augment = DiffAugment(self.fv.server_augment)
         self.tracker = SiteTracker(self, event_type=SERVER_EVENT_TYPE)
         self.description = describe(self.preset, self.overrides, kind=KIND, fedvck=self.fv.as_dict())
-        self.best = -np.inf
         self.image_shape: tuple[int, ...] | None = None
 
     def _global(self, rnd: int) -> FLModel:
@@ -127,9 +126,7 @@ class FedVCKController(SiteRounds):
         pooled = sum(m.get("accuracy", 0.0) * cases[s] for s, m in per_site.items()) / total if total else float("nan")
         self.tracker.scalars(self.fl_ctx, {f"{prefix}val_accuracy_pooled": pooled}, rnd)
         self.info(f"round {rnd}: pooled validation accuracy of the model the sites received {pooled:.4f}")
-        if pooled > self.best:
-            self.best = pooled
-            self.announce_best(pooled)  # the persistor saves the published GLOBAL_MODEL as best_FL_global_model.pt
+        if self.offer_best(pooled):  # the persistor saves the published GLOBAL_MODEL as best_FL_global_model.pt
             self.info(f"round {rnd}: new best global model (pooled validation accuracy {pooled:.4f})")
         return pooled
 

@@ -119,3 +119,34 @@ def test_evaluate_a_3_class_preset_on_binary_masks_warns_and_shows_class_2_absen
     assert f"warning: site '{datalist}': the preset has num_classes=3 but class(es) 2 never occur" in printed
     assert "| site | dice_c1 | dice_c2 |" in printed
     assert [line for line in printed.splitlines() if line.startswith(f"| {datalist} |") and line.endswith(" | - |")]
+
+
+class _NeverClass2(torch.nn.Module):
+    """Logits from a label map held in the image: class 1 where the image is 1, else background; class 2 never."""
+
+    def forward(self, x):
+        one = (x[:, 0] > 0.5).float()
+        return torch.stack([1 - one, one, torch.full_like(one, -1e4)], dim=1)
+
+
+def test_site_validation_uses_the_rule_and_warns_once_per_split(caplog):
+    import logging
+
+    from medflare.common.site_executor import SiteExecutor
+
+    ex = SiteExecutor(preset="seg_synthetic_tiny", device="cpu")  # 3 classes
+    maps = _maps(T0, T1, P0)
+    val = [{"image": maps[i].float(), "label": maps[i], "name": f"v{i}"} for i in range(3)]
+    val[1] = {**val[1], "image": _maps(P0)[0].float()}  # case v1 predicted as P0 against label T1
+    ex.site = "site-1"
+    ex.data = type("D", (), {"val": val, "task": "segmentation", "num_classes": 3, "whole_volumes": None,
+                             "spatial_dims": 2})()
+    with caplog.at_level(logging.WARNING):
+        first = ex.validate(_NeverClass2())
+        again = ex.validate(_NeverClass2(), round_num=1, total_rounds=3)
+    ref = dice(_maps(T0, P0, P0), maps, num_classes=3)[:, 0]  # class 1 only
+    assert first["dice"] == pytest.approx(float(ref.mean())) and again == first
+    warnings = [r.getMessage() for r in caplog.records if "never occur in its labels" in r.getMessage()]
+    assert warnings == ["warning: site 'site-1' (val split): the preset has num_classes=3 but class(es) 2 never occur in its "
+                        "labels (3 cases); check data.num_classes (where no prediction has them either, they are left out "
+                        "of the class means and shown as '-')"]

@@ -120,7 +120,8 @@ def _segmentation_scores(pred: torch.Tensor, target: torch.Tensor, num_classes: 
     batch = pred.shape[0]
     rows: list[dict[str, float]] = [{} for _ in range(batch)]
     device = pred.device
-    per_class = per_class_scores(pred, target, num_classes, _class_bases(metrics), device=device, spacing=spacing)
+    bases = _class_bases(metrics)
+    per_class = per_class_scores(pred, target, num_classes, bases, device=device, spacing=spacing) if bases else {}
     per_class = {name: values.cpu() for name, values in per_class.items()}
     mpa = mean_pixel_accuracy(pred, target, num_classes, device=device).tolist() if "mpa" in metrics else None
     on_cpu = [m for m in metrics if m in ("vi", "aji", "object_dice")]

@@ -7,6 +7,7 @@ from nvflare.apis.dxo import DXO, DataKind, from_shareable
 from nvflare.apis.fl_constant import FLContextKey, ReservedKey, ReturnCode
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import make_reply
+from nvflare.app_common.aggregators.weighted_aggregation_helper import WeightedAggregationHelper
 from nvflare.app_common.app_constant import AppConstants
 
 from medflare import ConfigError
@@ -14,6 +15,7 @@ from medflare.common.payload import collection
 from medflare.common.result_guard import UPDATE_REFUSED, UpdateGuard, dxo_parts
 from medflare.common.tracking import SERVER_EVENT_TYPE
 from medflare.common.update_guard import NormRule, Part, UpdateScreen, nonfinite_parts, nonfinite_paths, tree_norm
+from medflare.testing.poison import PoisonFilter
 
 
 def diff(value, n=4):
@@ -168,3 +170,32 @@ def test_dxo_parts_flattens_nested_collections():
     inner = collection({"a": DXO(DataKind.WEIGHTS, data={"w": np.ones(1)})})
     parts = dxo_parts(collection({"outer": inner, "m": DXO(DataKind.METRICS, data={"dice": 0.5})}, meta={"k": 1}))
     assert {k: p.kind for k, p in parts.items()} == {"outer/a": "WEIGHTS", "m": "METRICS", "meta": ""}
+
+
+# ---- the control, at unit level: the poison is real, and the guard is what stops it ----------------
+def site_context(site, engine):
+    ctx = context(site, engine)
+    ctx.set_prop(ReservedKey.IDENTITY_NAME, site, private=False, sticky=False)  # what the site's own filter sees
+    return ctx
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_poisoned_site_makes_fedavg_nan_unless_the_guard_refuses_it(guarded):
+    """Three sites' WEIGHT_DIFFs, site-3's through the test PoisonFilter, averaged by FLARE's in-time FedAvg helper
+    (what jobs/fedavg runs) with and without the server's UpdateGuard in front: NaN without, the n-weighted mean of the
+    two other sites with."""
+    engine, guard = Engine(), UpdateGuard()
+    poison = PoisonFilter(site="site-3", from_round=0)
+    helper = WeightedAggregationHelper()
+    updates = {"site-1": (np.array([1.0, 2.0], dtype=np.float32), 1), "site-2": (np.array([4.0, 8.0], dtype=np.float32), 3),
+               "site-3": (np.array([2.0, 2.0], dtype=np.float32), 1)}
+    for site, (w, n) in updates.items():
+        sent = poison.process(result(DXO(DataKind.WEIGHT_DIFF, data={"w": w.copy()}), 0), site_context(site, engine))
+        received = guard.process(sent, context(site, engine)) if guarded else sent
+        if received.get_return_code(ReturnCode.OK) == ReturnCode.OK:  # FedAvg skips a result whose code is not OK
+            helper.add(data=from_shareable(received).data, weight=n, contributor_name=site, contribution_round=0)
+    mean = helper.get_result()["w"]
+    if guarded:
+        np.testing.assert_allclose(mean, (1 * updates["site-1"][0] + 3 * updates["site-2"][0]) / 4)
+    else:
+        assert np.isnan(mean).all()

@@ -11,7 +11,7 @@ then treat the site as one that failed its task (FedAvg / Scaffold in the baseli
 ``ignore_result_error=True`` and aggregate, weighted, over the sites that answered; ``SiteRounds`` counts the
 site as missing and its ``min_responses`` decides whether the round goes on). The guard logs an error naming
 the site, task, round and reason, and writes ``guard/refused/<site>`` (1 refused, 0 accepted, per round) to the
-server's TensorBoard (``tb_events/server``).
+server's TensorBoard (``tb_events/<server name>``, ``tb_events/simulator_server`` in the simulator).
 """
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ class UpdateScreen:
         """
         bad = nonfinite_parts(parts)
         if bad:
-            return f"NaN/Inf values in {bad[:5]}{' ...' if len(bad) > 5 else ''}"
+            return f"NaN/Inf values in {len(bad)} arrays: {bad[:5]}{' ...' if len(bad) > 5 else ''}"
         weights = {name: tree_norm(part.data) for name, part in parts.items() if part.kind in WEIGHT_KINDS}
         with self._lock:
             rules = {name: self.rules.setdefault((task, name), NormRule(self.max_norm_ratio)) for name in weights}

@@ -120,7 +120,7 @@ class JobRecipe(Recipe):
         job.to_clients(ConvertToFedEvent(events_to_convert=[ANALYTIC_EVENT_TYPE], fed_event_prefix="fed."), id="event_to_fed")
         job.to_clients(WaitForNextTask(), id="wait_for_next_task")
         super().__init__(job)
-        all_tasks = list(dict.fromkeys([*tasks, *(t for _, extra_tasks in more_executors or () for t in extra_tasks)]))
+        all_tasks = sorted({*tasks, *(t for _, extra_tasks in more_executors or () for t in extra_tasks)})  # a stable export
         self.add_server_input_filter(update_guard or UpdateGuard(), tasks=all_tasks)
         self.add_server_config(dict(SERVER_SETTINGS))
         self.add_client_config(dict(CLIENT_SETTINGS))

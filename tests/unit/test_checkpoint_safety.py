@@ -48,7 +48,7 @@ def test_a_malicious_pickle_is_refused_in_one_line_and_never_runs(tmp_path, fmt)
     message = str(info.value)
     assert not marker.exists(), "the pickled code ran"
     assert "\n" not in message and str(path) in message
-    assert "refus" in message and ("GLOBAL" in message or "system" in message)  # refused, and what it refused
+    assert "refus" in message and any(w in message for w in ("GLOBAL", "system", "Unsupported operand"))  # and what
     assert "weights_only" not in message  # not torch's advice to rerun without weights-only loading
 
 

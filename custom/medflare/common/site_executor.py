@@ -28,6 +28,7 @@ from medflare.common.site_config import read_site_config, setting
 from medflare.common.tracking import SiteTracker
 from medflare.common.training import batch_size_for, make_loader, pick_device
 from medflare.data import SiteData, load_site
+from medflare.data.site import confine_job_paths, job_path_roots
 from medflare.metrics import evaluate, metrics_for_round, overlay_image
 from medflare.nets import build_from_spec
 from medflare.presets import get_preset
@@ -54,7 +55,10 @@ class SiteExecutor(Executor):
     The machine is the site's to describe: at START_RUN the executor takes its share of the CPU cores
     (torch threads, data-loader workers; :mod:`medflare.common.compute`) and, when the site's
     ``local/medflare_site.json`` says ``"compute": {"device": ...}``, that device instead of the job's
-    ``device``. On a GPU the preset's ``train.gpu_batch_size`` (when > 0) replaces ``train.batch_size``.
+    ``device``. A job's path-valued settings (``data.cache.dir``) must point into the site's workspace or
+    cache folder, else the site refuses to start with a ConfigError naming the key
+    (:func:`medflare.data.site.confine_job_paths`). On a GPU the preset's ``train.gpu_batch_size`` (when > 0)
+    replaces ``train.batch_size``.
     Each task's compute time (and the part spent in :meth:`validate`) is logged and sent to TensorBoard as
     ``time/task_s`` and ``time/validate_s``; the process's peak memory is logged at END_RUN.
     """
@@ -93,6 +97,8 @@ class SiteExecutor(Executor):
             workspace = fl_ctx.get_prop(FLContextKey.WORKSPACE_OBJECT)
             local_dir = workspace.get_site_config_dir() if workspace is not None else None
             try:
+                # the job's paths (data.cache.dir, ...) may only point into this site's workspace and cache folder
+                self.cfg = confine_job_paths(self.cfg, job_path_roots(workspace.get_root_dir() if workspace else None), self.site)
                 self.site_config = read_site_config(local_dir, self.site)
                 self._take_machine_share(fl_ctx)
                 self.data = load_site(self.site, self.cfg["data"], local_dir=local_dir)

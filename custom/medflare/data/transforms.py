@@ -117,8 +117,8 @@ class LoadPair(Transform):
     Checks, each a DataError naming the file and what the preset expects: the number of spatial
     dimensions (``spatial_dims``: 2 for images, 3 for volumes; a 2D image stored with a trailing
     singleton axis is accepted as 2D), the image's channel count (``channels``, after
-    ``channel_indices``), a single-channel label of the image's spatial shape and affine (1e-2 tolerance).
-    MONAI readers are picked by
+    ``channel_indices``), a single-channel label of the image's spatial shape and affine (1e-2 tolerance),
+    real finite values (complex, empty, NaN or inf arrays are refused, never cast). MONAI readers are picked by
     file type (:func:`reader_for`). Outputs MetaTensors (affine, spacing, applied operations) so that
     later transforms can be inverted.
     """
@@ -139,6 +139,12 @@ class LoadPair(Transform):
             img = self._first(img)
         except Exception as exc:  # noqa: BLE001 - any reader failure is a bad file for the operator
             raise DataError(f"cannot read {what} {describe_files(value)}: {_first_line(exc)}") from exc
+        if img.is_complex():
+            raise DataError(f"{what} {describe_files(value)} has dtype {img.dtype}; expected real-valued intensities")
+        if 0 in img.shape:
+            raise DataError(f"{what} {describe_files(value)} is empty (channel-first shape {tuple(img.shape)})")
+        if img.is_floating_point() and not bool(torch.isfinite(img).all()):
+            raise DataError(f"{what} {describe_files(value)} holds NaN or inf values")
         # a 2D image stored as (H, W, 1) (NIfTI) is a 2D image
         while self.spatial_dims == 2 and img.ndim == 4 and img.shape[-1] == 1:
             img = img[..., 0]

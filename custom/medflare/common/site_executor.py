@@ -26,7 +26,7 @@ from medflare.common.component import keep_args
 from medflare.common.compute import ComputeShare, apply_threads, compute_share
 from medflare.common.site_config import read_site_config, setting
 from medflare.common.tracking import SiteTracker
-from medflare.common.training import batch_size_for, make_loader, pick_device
+from medflare.common.training import batch_size_for, make_loader, one_line, pick_device
 from medflare.data import SiteData, load_site
 from medflare.data.site import confine_job_paths, job_path_roots
 from medflare.metrics import evaluate, metrics_for_round, overlay_image
@@ -105,8 +105,8 @@ class SiteExecutor(Executor):
                 torch.manual_seed(self.seed)
                 self.setup(fl_ctx)
             except MedflareError as e:  # the message names the site and the file or key
-                self.log_error(fl_ctx, str(e))
-                self.system_panic(f"cannot start: {e}", fl_ctx)
+                self.log_error(fl_ctx, one_line(e))
+                self.system_panic(f"cannot start: {one_line(e)}", fl_ctx)
                 return
             self.log_info(
                 fl_ctx,
@@ -146,8 +146,8 @@ class SiteExecutor(Executor):
         tic = time.perf_counter()
         try:
             reply = handler(shareable, fl_ctx, abort_signal)
-        except MedflareError as e:
-            self.log_error(fl_ctx, f"site '{self.site}', task '{task_name}': {e}")
+        except MedflareError as e:  # a bad file (also one that went bad since the last round) fails this task only
+            self.log_error(fl_ctx, f"site '{self.site}', task '{task_name}': {one_line(e)}")
             return make_reply(ReturnCode.EXECUTION_EXCEPTION)
         task_s, rnd = time.perf_counter() - tic, shareable.get_header(AppConstants.CURRENT_ROUND)
         step = int(rnd) if rnd is not None else 0

@@ -25,7 +25,7 @@ from torch.utils.data import Dataset as TorchDataset
 
 from medflare import ConfigError, DataError, MedflareError
 from medflare.data.datalists import SEG_SPLITS, read_datalist, split_keys
-from medflare.data.transforms import Augment, ToItem, augmentation, check_image_size, preprocess
+from medflare.data.transforms import Augment, ToItem, augmentation, check_image_size, first_line, preprocess
 from medflare.data.util import cache_root
 
 NPZ_SPLITS = ("train", "val", "test")
@@ -242,7 +242,7 @@ def _read_npz(npz: pathlib.Path, keys: Sequence[str]) -> list[np.ndarray]:
     try:
         data = np.load(npz, allow_pickle=False)
     except Exception as exc:  # noqa: BLE001 - missing, truncated or non-npz file
-        raise DataError(f"cannot read npz '{npz}': {_one_line(exc)}") from exc
+        raise DataError(f"cannot read npz '{npz}': {first_line(exc)}") from exc
     if not isinstance(data, np.lib.npyio.NpzFile):
         raise DataError(f"npz '{npz}' is a single .npy array, not an .npz archive with keys {list(keys)}")
     with data:
@@ -254,13 +254,8 @@ def _read_npz(npz: pathlib.Path, keys: Sequence[str]) -> list[np.ndarray]:
             try:
                 out.append(np.asarray(data[key]))
             except Exception as exc:  # noqa: BLE001 - a corrupt member, or an object array that would need pickle
-                raise DataError(f"npz '{npz}' key '{key}' cannot be read: {_one_line(exc)}") from exc
+                raise DataError(f"npz '{npz}' key '{key}' cannot be read: {first_line(exc)}") from exc
     return out
-
-
-def _one_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
 
 
 def load_npz_split(npz: str | os.PathLike, split: str, *, num_classes: int | None = None) -> TorchDataset:

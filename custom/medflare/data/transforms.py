@@ -138,7 +138,7 @@ class LoadPair(Transform):
             img = self._load(_files(value) if isinstance(value, (list, tuple)) else str(value), reader=reader_for(value))
             img = self._first(img)
         except Exception as exc:  # noqa: BLE001 - any reader failure is a bad file for the operator
-            raise DataError(f"cannot read {what} {describe_files(value)}: {_first_line(exc)}") from exc
+            raise DataError(f"cannot read {what} {describe_files(value)}: {first_line(exc)}") from exc
         if img.is_complex():
             raise DataError(f"{what} {describe_files(value)} has dtype {img.dtype}; expected real-valued intensities")
         if 0 in img.shape:
@@ -198,7 +198,8 @@ class LoadPair(Transform):
         return out
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of what a library raised (of its cause, when it wrapped one), for a one-line DataError."""
     cause = exc.__cause__ or exc
     text = str(cause).strip().splitlines()
     return text[0] if text else type(cause).__name__

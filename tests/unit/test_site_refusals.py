@@ -1,20 +1,26 @@
-"""A job cannot make a site read or write outside its workspace and cache folder: hostile job configs (paths to
-/etc, ``..`` escapes, ``~``, symlinks out) are refused at START_RUN with a ConfigError naming the key, before any
-file is touched; paths inside are accepted and used exactly as checked."""
+"""What a site refuses, and how it says so. A job cannot make a site read or write outside its workspace and
+cache folder: hostile job configs (paths to /etc, ``..`` escapes, ``~``, symlinks out) are refused at START_RUN
+with a ConfigError naming the key, before any file is touched; paths inside are accepted and used exactly as
+checked. A data file that disappears or turns corrupt between rounds fails that round's task (FLARE's
+EXECUTION_EXCEPTION reply, which the server counts as a missing site) with one log line naming the file."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import pytest
 from nvflare.apis.event_type import EventType
-from nvflare.apis.fl_constant import FLContextKey, ReservedKey
+from nvflare.apis.fl_constant import FLContextKey, ReservedKey, ReturnCode
 from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import Shareable
+from nvflare.apis.signal import Signal
 from nvflare.apis.workspace import Workspace
 
 from medflare import ConfigError
 from medflare.baselines.executor import SupervisedExecutor
+from medflare.common.site_executor import SiteExecutor
 from medflare.data import make_seg_site
 from medflare.data.site import confine_job_paths, job_path_roots
 from medflare.data.util import DATA_ENV, cache_root
@@ -106,3 +112,39 @@ def test_a_job_config_inside_the_workspace_starts_and_caches_there(site_ws):
     ex = SupervisedExecutor(preset=PRESET, device="cpu", overrides=_overrides(str(site_ws / "pp")))
     assert _start(ex, site_ws) == []
     assert ex.data is not None and any((site_ws / "pp").iterdir())  # the disk cache was written where checked
+
+
+class _EpochExecutor(SiteExecutor):
+    """A site whose task reads every training item once (what a training epoch does to the files)."""
+
+    def setup(self, fl_ctx):
+        self.register_task("epoch", self.epoch)
+
+    def epoch(self, shareable, fl_ctx, abort_signal):
+        for _ in self.loader("train", shuffle=True):
+            pass
+        return Shareable()
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("damage", ["delete", "truncate"])
+def test_a_file_gone_bad_between_rounds_fails_that_task_naming_the_file(site_ws, workers, damage):
+    overrides = {**TINY, "data": {**TINY["data"], "cache": {"mode": "none"}}, "train": {"num_workers": workers}}
+    ex = _EpochExecutor(preset=PRESET, overrides=overrides, device="cpu")
+    assert _start(ex, site_ws) == []
+    ex.compute = dataclasses.replace(ex.compute, workers=workers)  # the share may differ on this machine
+    errors: list[str] = []
+    ex.log_error = lambda fl_ctx, msg, fire_event=False: errors.append(msg)
+    ex.tracker.scalars = lambda *a, **k: None  # no FLARE engine to stream to here
+    reply = ex.execute("epoch", Shareable(), FLContext(), Signal())
+    assert reply.get_return_code() == ReturnCode.OK and errors == []  # round 1: all files fine
+    victim = Path(ex.data.train[0]["name"])
+    victim = next(p for p in site_ws.parent.parent.joinpath("data").rglob(victim.name))
+    if damage == "delete":
+        victim.unlink()
+    else:
+        victim.write_bytes(victim.read_bytes()[:40])
+    reply = ex.execute("epoch", Shareable(), FLContext(), Signal())
+    assert reply.get_return_code() == ReturnCode.EXECUTION_EXCEPTION
+    assert len(errors) == 1 and "\n" not in errors[0], errors
+    assert victim.name in errors[0] and "site 'site-1', task 'epoch'" in errors[0] and "Traceback" not in errors[0]

@@ -17,6 +17,7 @@ import math
 import os
 from typing import Any, Mapping, Sequence
 
+import nibabel as nib
 import torch
 from monai.data import MetaTensor
 from monai.data.image_reader import NibabelReader, PILReader
@@ -102,7 +103,7 @@ def describe_files(value: Any) -> str:
 
 
 def reader_for(value: Any):
-    """The MONAI reader for a file's type (all files of a multi-file image must share it); None: MONAI chooses."""
+    """The MONAI reader for a file's type (all files of a multi-file image must share it); None: no reader of ours."""
     names = [f.lower() for f in _files(value)]
     if all(n.endswith(NIFTI_SUFFIXES) for n in names):
         return NibabelReader()
@@ -134,13 +135,22 @@ class LoadPair(Transform):
 
     def read(self, value: Any, what: str) -> MetaTensor:
         """One image or label file (or list of channel files) channel-first; a DataError names the file."""
+        reader = reader_for(value)
+        if reader is None:
+            raise DataError(f"cannot read {what} {describe_files(value)}: not a NIfTI ({', '.join(NIFTI_SUFFIXES)}) or "
+                            f"{'/'.join(s.lstrip('.').upper() for s in PIL_SUFFIXES)} file (all channel files of one image "
+                            "in one of these formats)")
         try:
-            img = self._load(_files(value) if isinstance(value, (list, tuple)) else str(value), reader=reader_for(value))
+            if isinstance(reader, NibabelReader):  # MONAI would cast a complex volume to float, dropping its imaginary part
+                stored = [nib.load(f).get_data_dtype() for f in _files(value)]
+                if any(d.kind not in "uifb" for d in stored):
+                    raise DataError(f"{what} {describe_files(value)} has dtype {stored[0]}; expected real-valued intensities")
+            img = self._load(_files(value) if isinstance(value, (list, tuple)) else str(value), reader=reader)
             img = self._first(img)
+        except DataError:
+            raise
         except Exception as exc:  # noqa: BLE001 - any reader failure is a bad file for the operator
             raise DataError(f"cannot read {what} {describe_files(value)}: {first_line(exc)}") from exc
-        if img.is_complex():
-            raise DataError(f"{what} {describe_files(value)} has dtype {img.dtype}; expected real-valued intensities")
         if 0 in img.shape:
             raise DataError(f"{what} {describe_files(value)} is empty (channel-first shape {tuple(img.shape)})")
         if img.is_floating_point() and not bool(torch.isfinite(img).all()):

@@ -158,11 +158,25 @@ def npz_arrays(draw):
         return np.abs(values).astype(dtype) if draw(st.booleans()) else values.astype(dtype)
 
 
+@st.composite
+def npz_pairs(draw):
+    """(images, labels): a third of the time shaped like a MedMNIST split (any dtype), else two random arrays."""
+    if draw(st.booleans()):
+        return draw(npz_arrays()), draw(npz_arrays())
+    n, side = draw(st.integers(1, 5)), draw(st.integers(5, 9))
+    shape = draw(st.sampled_from([(n, side, side), (n, side, side, 3), (n, 1, side, side)]))
+    images = draw(npz_arrays()).flat  # values and dtype of a random array, put into a plausible shape
+    base = np.resize(np.asarray(images[:]), shape) if len(images) else np.zeros(shape, draw(st.sampled_from(["uint8", "float32", "complex64", "<U3"])))
+    labels = np.arange(n) % draw(st.sampled_from([2, 2, 12]))
+    labels = labels.astype(draw(st.sampled_from(["uint8", "int64", "float32", "bool", "complex64", "<U2"])))
+    return base, labels[:, None] if draw(st.booleans()) else labels
+
+
 @CASES
-@given(images=npz_arrays(), labels=npz_arrays(), drop=st.sampled_from([None, "val_images", "val_labels"]),
-       num_classes=st.sampled_from([None, 2, 10]), corrupt=st.booleans(), data=st.data())
-def test_any_npz_is_a_valid_split_or_an_error_naming_the_file_and_key(tmp_path, images, labels, drop, num_classes,
-                                                                      corrupt, data):
+@given(pair=npz_pairs(), drop=st.sampled_from([None, None, None, "val_images", "val_labels"]),
+       num_classes=st.sampled_from([None, 2, 10]), corrupt=st.integers(0, 3).map(lambda i: i == 0), data=st.data())
+def test_any_npz_is_a_valid_split_or_an_error_naming_the_file_and_key(tmp_path, pair, drop, num_classes, corrupt, data):
+    images, labels = pair
     folder = _fresh(tmp_path, "npz")
     path = folder / "site.npz"
     arrays = {"val_images": images, "val_labels": labels}
@@ -215,11 +229,14 @@ HOSTILE_STRINGS = ["missing.png", "dangling.png", "link_dir", "/", ".", "..", ".
                    "/dev/null", "", "   ", "a\x00b", "x" * 300, "lists.json"]
 
 
-def _value(draw, names: dict[str, str]):
-    """An ``image``/``label`` value: a good path, a hostile string, a list, or a value of a wrong type."""
-    kind = draw(st.sampled_from(["good", "good", "hostile", "list", "wrong_type"]))
+def _value(draw, names: dict[str, str], good: bool, role: str = "image"):
+    """An ``image``/``label`` value: a good path (to a file of that ``role``), a hostile string, a list, or a value
+    of a wrong type (mostly a good path when ``good``, so that whole datalists are accepted often enough to check
+    what loads)."""
+    kind = "good" if good else draw(st.sampled_from(["good", "good", "hostile", "list", "wrong_type"]))
     if kind == "good":
-        return names[draw(st.sampled_from(sorted(names)))]
+        suffix = "img" if role == "image" else "lbl"
+        return names[draw(st.sampled_from(sorted(n for n in names if n.endswith(suffix))))]
     if kind == "hostile":
         return draw(st.sampled_from(HOSTILE_STRINGS))
     if kind == "list":
@@ -232,9 +249,10 @@ def datalists(draw, names: dict[str, str]):
     """A datalist document: splits present, missing or of a wrong type; entries with missing, extra or bad keys."""
     if draw(st.integers(0, 9)) == 0:
         return draw(st.sampled_from([[], "training", 3, None, [{"image": "img.png"}]]))
-    doc = {}
+    doc, good = {}, draw(st.booleans())  # good: every value a path to a file of its role (the paths may be hostile)
     for split in ("training", "validation", "testing", "test"):
-        shape = draw(st.sampled_from(["list", "list", "list", "absent", "empty", "wrong"]))
+        shape = draw(st.sampled_from(["list"] if good and split == "training" else ["list", "absent"] if good else
+                                     ["list", "list", "list", "absent", "empty", "wrong"]))
         if shape == "absent":
             continue
         if shape == "empty":
@@ -244,13 +262,14 @@ def datalists(draw, names: dict[str, str]):
         else:
             entries = []
             for _ in range(draw(st.integers(1, 4))):
-                form = draw(st.sampled_from(["pair", "pair", "pair", "no_label", "no_image", "string", "extra", "junk"]))
+                form = draw(st.sampled_from(["pair"] * 8 + ["extra"] if good else
+                                            ["pair", "pair", "pair", "no_label", "no_image", "string", "extra", "junk"]))
                 if form == "string":
-                    entries.append(_value(draw, names))
+                    entries.append(_value(draw, names, good))
                 elif form == "junk":
                     entries.append(draw(st.sampled_from([None, 5, [], ["img.png", "lbl.png"]])))
                 else:
-                    entry = {"image": _value(draw, names), "label": _value(draw, names)}
+                    entry = {"image": _value(draw, names, good), "label": _value(draw, names, good, "label")}
                     if form == "no_label":
                         entry.pop("label")
                     elif form == "no_image":
@@ -263,7 +282,8 @@ def datalists(draw, names: dict[str, str]):
 
 
 @CASES
-@given(data=st.data(), labeled=st.booleans(), raw=st.sampled_from(["json", "json", "json", "not_json", "utf16_bom", "latin1"]))
+@given(data=st.data(), labeled=st.booleans(),
+       raw=st.sampled_from(["json"] * 4 + ["not_json", "utf16_bom", "latin1"]))
 def test_any_datalist_is_valid_entries_or_an_error_naming_the_file_and_entry(tmp_path, data, labeled, raw):
     folder = _fresh(tmp_path, "dl")
     names = _store(folder)

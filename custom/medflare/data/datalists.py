@@ -15,7 +15,7 @@ import pathlib
 import re
 from typing import Any, Mapping
 
-from monai.data import load_decathlon_datalist, partition_dataset
+from monai.data import partition_dataset
 
 from medflare import DataError
 from medflare.data.transforms import NIFTI_SUFFIXES, PIL_SUFFIXES, describe_files
@@ -62,6 +62,18 @@ def _check_field(datalist: pathlib.Path, key: str, i: int, field: str, value: An
     raise DataError(f"datalist '{datalist}': entry {i} of '{key}' has '{field}' {value!r:.80}; expected {expected}")
 
 
+def _absolute(base: pathlib.Path, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """``entry`` with its image and label paths joined to ``base`` (as MONAI's ``load_decathlon_datalist`` does, on
+    the content already read and checked here: the file is not read a second time)."""
+    out = dict(entry)
+    for field in ("image", "label"):
+        value = out.get(field)
+        if value is not None:
+            out[field] = ([os.path.normpath(base / v) for v in value] if isinstance(value, list)
+                          else os.path.normpath(base / value))
+    return out
+
+
 def _entries(datalist: pathlib.Path, content: dict, key: str, labeled: bool) -> list[dict[str, Any]]:
     """The checked entries of ``content[key]`` with absolute paths (see :func:`read_datalist` for the rules)."""
     raw = content[key]
@@ -83,7 +95,7 @@ def _entries(datalist: pathlib.Path, content: dict, key: str, labeled: bool) -> 
                 f"datalist '{datalist}': entry {i} of '{key}' ({describe_files(entry['image'])}) has no label; "
                 "this use needs labeled cases (MSD's unlabeled 'test' images are for predict)"
             )
-    entries = load_decathlon_datalist(datalist, is_segmentation=True, data_list_key=key, base_dir=datalist.parent)
+    entries = [_absolute(datalist.parent, {"image": e} if isinstance(e, str) else e) for e in raw]
     for i, entry in enumerate(entries):
         for field in ("image", "label"):
             value = entry.get(field)

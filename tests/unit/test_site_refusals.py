@@ -126,8 +126,7 @@ class _EpochExecutor(SiteExecutor):
         return Shareable()
 
 
-@pytest.mark.parametrize("workers", [0, 1])
-@pytest.mark.parametrize("damage", ["delete", "truncate"])
+@pytest.mark.parametrize("damage,workers", [("delete", 0), ("truncate", 1)])  # read in the site process / a worker
 def test_a_file_gone_bad_between_rounds_fails_that_task_naming_the_file(site_ws, workers, damage):
     overrides = {**TINY, "data": {**TINY["data"], "cache": {"mode": "none"}}, "train": {"num_workers": workers}}
     ex = _EpochExecutor(preset=PRESET, overrides=overrides, device="cpu")

@@ -147,3 +147,20 @@ def test_a_file_gone_bad_between_rounds_fails_that_task_naming_the_file(site_ws,
     assert reply.get_return_code() == ReturnCode.EXECUTION_EXCEPTION
     assert len(errors) == 1 and "\n" not in errors[0], errors
     assert victim.name in errors[0] and "site 'site-1', task 'epoch'" in errors[0] and "Traceback" not in errors[0]
+
+
+def test_one_line_unwraps_the_error_a_loader_worker_raised():
+    from torch._utils import ExceptionWrapper
+
+    from medflare import DataError
+    from medflare.common.training import one_line
+
+    try:
+        raise DataError("cannot read image '/data/x.png': image file is truncated")
+    except DataError:
+        wrapped = ExceptionWrapper(where="in DataLoader worker process 0")  # what torch sends from a worker
+    with pytest.raises(DataError) as info:
+        wrapped.reraise()
+    assert "\n" in str(info.value)  # torch's re-raised message: its traceback
+    assert one_line(info.value) == "cannot read image '/data/x.png': image file is truncated"
+    assert one_line(ConfigError("a\n b")) == "a b"

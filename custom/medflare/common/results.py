@@ -23,7 +23,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import pickle
 import pkgutil
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -61,6 +63,15 @@ def _numpy_global(name: str):
     return obj if plain or attr in ("_reconstruct", "scalar") else None
 
 
+def _unpickling_reason(error: BaseException) -> str:
+    """What torch's multi-line weights-only refusal refused (``unsupported GLOBAL posix.system``), without its advice."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(error))
+    if found:
+        return f"unsupported GLOBAL {found.group(1)}"
+    named = [line.strip() for line in str(error).splitlines() if "unsupported" in line.lower()]  # "Unsupported operand 149"
+    return named[0].rstrip(".") if named else "not a weights-only torch file"
+
+
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """The dict saved at ``path``, loaded with ``weights_only=True``; ResultFileError (one line) names the file."""
     path = Path(path)
@@ -79,6 +90,9 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     try:
         with torch.serialization.safe_globals(allowed):
             data = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # the weights-only unpickler met something that is not plain data
+        raise ResultFileError(f"result file '{path}' is refused: it holds pickled code or objects, not only weights "
+                              f"({_unpickling_reason(e)}); medflare loads checkpoints weights-only") from e
     except Exception as e:  # noqa: BLE001 - torch raises many types for corrupt/unsafe files
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ResultFileError(f"result file '{path}' cannot be read as a torch checkpoint: {first}") from e

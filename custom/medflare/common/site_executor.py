@@ -26,8 +26,9 @@ from medflare.common.component import keep_args
 from medflare.common.compute import ComputeShare, apply_threads, compute_share
 from medflare.common.site_config import read_site_config, setting
 from medflare.common.tracking import SiteTracker
-from medflare.common.training import batch_size_for, make_loader, pick_device
+from medflare.common.training import batch_size_for, make_loader, one_line, pick_device
 from medflare.data import SiteData, load_site
+from medflare.data.site import confine_job_paths, job_path_roots
 from medflare.metrics import evaluate, metrics_for_round, overlay_image
 from medflare.metrics.site_mean import unseen_classes_warning
 from medflare.nets import build_from_spec
@@ -55,7 +56,10 @@ class SiteExecutor(Executor):
     The machine is the site's to describe: at START_RUN the executor takes its share of the CPU cores
     (torch threads, data-loader workers; :mod:`medflare.common.compute`) and, when the site's
     ``local/medflare_site.json`` says ``"compute": {"device": ...}``, that device instead of the job's
-    ``device``. On a GPU the preset's ``train.gpu_batch_size`` (when > 0) replaces ``train.batch_size``.
+    ``device``. A job's path-valued settings (``data.cache.dir``) must point into the site's workspace or
+    cache folder, else the site refuses to start with a ConfigError naming the key
+    (:func:`medflare.data.site.confine_job_paths`). On a GPU the preset's ``train.gpu_batch_size`` (when > 0)
+    replaces ``train.batch_size``.
     Each task's compute time (and the part spent in :meth:`validate`) is logged and sent to TensorBoard as
     ``time/task_s`` and ``time/validate_s``; the process's peak memory is logged at END_RUN.
     """
@@ -95,14 +99,16 @@ class SiteExecutor(Executor):
             workspace = fl_ctx.get_prop(FLContextKey.WORKSPACE_OBJECT)
             local_dir = workspace.get_site_config_dir() if workspace is not None else None
             try:
+                # the job's paths (data.cache.dir, ...) may only point into this site's workspace and cache folder
+                self.cfg = confine_job_paths(self.cfg, job_path_roots(workspace.get_root_dir() if workspace else None), self.site)
                 self.site_config = read_site_config(local_dir, self.site)
                 self._take_machine_share(fl_ctx)
                 self.data = load_site(self.site, self.cfg["data"], local_dir=local_dir)
                 torch.manual_seed(self.seed)
                 self.setup(fl_ctx)
             except MedflareError as e:  # the message names the site and the file or key
-                self.log_error(fl_ctx, str(e))
-                self.system_panic(f"cannot start: {e}", fl_ctx)
+                self.log_error(fl_ctx, one_line(e))
+                self.system_panic(f"cannot start: {one_line(e)}", fl_ctx)
                 return
             self.log_info(
                 fl_ctx,
@@ -142,8 +148,8 @@ class SiteExecutor(Executor):
         tic = time.perf_counter()
         try:
             reply = handler(shareable, fl_ctx, abort_signal)
-        except MedflareError as e:
-            self.log_error(fl_ctx, f"site '{self.site}', task '{task_name}': {e}")
+        except MedflareError as e:  # a bad file (also one that went bad since the last round) fails this task only
+            self.log_error(fl_ctx, f"site '{self.site}', task '{task_name}': {one_line(e)}")
             return make_reply(ReturnCode.EXECUTION_EXCEPTION)
         task_s, rnd = time.perf_counter() - tic, shareable.get_header(AppConstants.CURRENT_ROUND)
         step = int(rnd) if rnd is not None else 0

@@ -67,6 +67,19 @@ def make_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int = 0,
                       persistent_workers=False)
 
 
+def one_line(exc: BaseException) -> str:
+    """``exc``'s message as one line; for an error a DataLoader worker raised (torch re-raises it with the
+    message ``Caught DataError in DataLoader worker process 0. Original Traceback ...``), the original message,
+    so a site's log names the bad file in one line whatever ``train.num_workers`` is."""
+    text = str(exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if text.startswith("Caught ") and "Original Traceback" in text and lines:
+        name = f"{type(exc).__module__}.{type(exc).__qualname__}: "
+        last = lines[-1]
+        return last[len(name):] if last.startswith(name) else last
+    return " ".join(lines) if lines else type(exc).__name__
+
+
 @dataclass
 class TrainStats:
     """What one call of :func:`train_epochs` did: optimiser steps, samples seen and the per-step losses."""

@@ -15,7 +15,7 @@ import pathlib
 import re
 from typing import Any, Mapping
 
-from monai.data import load_decathlon_datalist, partition_dataset
+from monai.data import partition_dataset
 
 from medflare import DataError
 from medflare.data.transforms import NIFTI_SUFFIXES, PIL_SUFFIXES, describe_files
@@ -40,50 +40,85 @@ def split_keys(split: str) -> tuple[str, str]:
 
 def _read_json(datalist: pathlib.Path) -> dict:
     try:
-        content = json.loads(datalist.read_text())
+        content = json.loads(datalist.read_bytes())
     except OSError as exc:
         raise DataError(f"cannot read datalist '{datalist}': {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise DataError(f"datalist '{datalist}' is not valid JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, bytes that are not UTF-8/16/32, absurd nesting
+        raise DataError(f"datalist '{datalist}' is not valid JSON: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
     if not isinstance(content, dict):
         raise DataError(f"datalist '{datalist}' holds a {type(content).__name__}, expected an object with 'training', ...")
     return content
 
 
-def _present(value: Any) -> bool:
-    return bool(value) if isinstance(value, (list, tuple)) else value is not None
+def _is_path(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip()) and "\x00" not in value
+
+
+def _check_field(datalist: pathlib.Path, key: str, i: int, field: str, value: Any, multi: bool) -> None:
+    """A datalist entry's ``image`` (a path, or with ``multi`` a non-empty list of channel paths) or ``label`` (a path)."""
+    if _is_path(value) or (multi and isinstance(value, list) and value and all(_is_path(v) for v in value)):
+        return
+    expected = "a file path or a list of file paths (one per channel)" if multi else "a file path"
+    raise DataError(f"datalist '{datalist}': entry {i} of '{key}' has '{field}' {value!r:.80}; expected {expected}")
+
+
+def _absolute(base: pathlib.Path, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """``entry`` with its image and label paths joined to ``base`` (as MONAI's ``load_decathlon_datalist`` does, on
+    the content already read and checked here: the file is not read a second time)."""
+    out = dict(entry)
+    for field in ("image", "label"):
+        value = out.get(field)
+        if value is not None:
+            out[field] = ([os.path.normpath(base / v) for v in value] if isinstance(value, list)
+                          else os.path.normpath(base / value))
+    return out
 
 
 def _entries(datalist: pathlib.Path, content: dict, key: str, labeled: bool) -> list[dict[str, Any]]:
-    """The checked entries of ``content[key]`` with absolute paths."""
+    """The checked entries of ``content[key]`` with absolute paths (see :func:`read_datalist` for the rules)."""
     raw = content[key]
-    if not isinstance(raw, list) or not raw:
+    if not isinstance(raw, list):
+        raise DataError(f"datalist '{datalist}': split '{key}' holds a {type(raw).__name__}, expected a list of entries")
+    if not raw:
         raise DataError(f"datalist '{datalist}': split '{key}' is empty")
     for i, entry in enumerate(raw):
         if isinstance(entry, str) and not labeled:
+            _check_field(datalist, key, i, "image", entry, multi=False)
             continue
-        if not isinstance(entry, dict) or not _present(entry.get("image")):
-            raise DataError(f"datalist '{datalist}': entry {i} of '{key}' needs 'image' and 'label' keys")
-        if labeled and not _present(entry.get("label")):
+        if not isinstance(entry, dict) or entry.get("image") is None:
+            raise DataError(f"datalist '{datalist}': entry {i} of '{key}' needs 'image' and 'label' keys, got {entry!r:.80}")
+        _check_field(datalist, key, i, "image", entry["image"], multi=True)
+        if entry.get("label") is not None:
+            _check_field(datalist, key, i, "label", entry["label"], multi=False)
+        elif labeled:
             raise DataError(
                 f"datalist '{datalist}': entry {i} of '{key}' ({describe_files(entry['image'])}) has no label; "
                 "this use needs labeled cases (MSD's unlabeled 'test' images are for predict)"
             )
-    entries = load_decathlon_datalist(datalist, is_segmentation=True, data_list_key=key, base_dir=datalist.parent)
-    for entry in entries:
+    entries = [_absolute(datalist.parent, {"image": e} if isinstance(e, str) else e) for e in raw]
+    for i, entry in enumerate(entries):
         for field in ("image", "label"):
             value = entry.get(field)
             for path in (value if isinstance(value, (list, tuple)) else [value] if value is not None else []):
-                if not os.path.isfile(path):
-                    raise DataError(f"datalist '{datalist}': {field} file '{path}' does not exist")
+                if not os.path.isfile(path):  # follows symlinks; a folder, device or FIFO is no image file
+                    what = "is not a file" if os.path.exists(path) else "does not exist"
+                    raise DataError(f"datalist '{datalist}': entry {i} of '{key}': {field} file '{path}' {what}")
     return entries
 
 
 def read_datalist(datalist: str | os.PathLike, split: str, labeled: bool = True) -> list[dict[str, Any]]:
-    """The entries of ``split`` in a datalist, with absolute paths; checks the files exist.
+    """The entries of ``split`` in a datalist, with absolute paths; checks the entries' types and that the files exist.
 
     With ``labeled=False`` (prediction) entries may lack labels, and the ``testing`` split of an MSD
-    ``dataset.json`` is its unlabeled ``test`` list.
+    ``dataset.json`` is its unlabeled ``test`` list. Any malformed entry is a DataError naming the
+    datalist, the split, the entry's index and the field.
+
+    Where the files may be: a datalist belongs to the site (its operator writes it, or points
+    ``MEDFLARE_DATA`` / ``local/medflare_data.json`` at it; a job never names one), so its paths are
+    trusted as the operator wrote them: relative paths are relative to the datalist's folder and may
+    climb out of it with ``..``, absolute paths into a hospital's image store are normal, and symlinks are
+    followed. Only regular files are read (a folder, device or FIFO is refused). What a *job* may name on
+    a site is confined separately (:func:`medflare.data.site.confine_job_paths`).
     """
     datalist = pathlib.Path(datalist)
     key, _ = split_keys(split)

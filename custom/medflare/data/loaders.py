@@ -25,7 +25,7 @@ from torch.utils.data import Dataset as TorchDataset
 
 from medflare import ConfigError, DataError, MedflareError
 from medflare.data.datalists import SEG_SPLITS, read_datalist, split_keys
-from medflare.data.transforms import Augment, ToItem, augmentation, check_image_size, preprocess
+from medflare.data.transforms import Augment, ToItem, augmentation, check_image_size, first_line, preprocess
 from medflare.data.util import cache_root
 
 NPZ_SPLITS = ("train", "val", "test")
@@ -176,63 +176,100 @@ class NpzDataset(TorchDataset):
         return {"image": self.images[i], "label": self.labels[i], "name": f"{self.split}_{i}"}
 
 
+#: numpy dtype kinds a stored image or label array may have: unsigned/signed integers, floats, booleans.
+#: Complex, string, object, structured and date/time arrays are refused (never cast: numpy would drop the
+#: imaginary part of a complex image with only a warning).
+NUMERIC_KINDS = "uifb"
+
+
+def _check_dtype(array: np.ndarray, where: str) -> None:
+    if array.dtype.kind not in NUMERIC_KINDS:
+        raise DataError(f"{where} has dtype {array.dtype}; expected integers, floats or booleans (a complex, string or "
+                        "object array is not an image or a label)")
+
+
 def _images_to_nchw(images: np.ndarray, where: str) -> torch.Tensor:
     """MedMNIST images (N, H, W), (N, H, W, C) or (N, C, H, W), uint8 or float, as float32 (N, C, H, W) in [0, 1].
 
     uint8 is divided by 255; float data already in [0, 1] is kept, other float data is min-max scaled
     over the whole array (one scale for all images, so relative brightness between images survives).
+    ``where`` names the file and key in a DataError (wrong dtype, layout, empty sides, NaN/inf).
     """
+    _check_dtype(images, where)
     if images.ndim == 3:
         images = images[:, None]
     elif images.ndim == 4 and images.shape[-1] in (1, 3, 4):
         images = images.transpose(0, 3, 1, 2)
     elif not (images.ndim == 4 and images.shape[1] in (1, 3, 4)):
         raise DataError(f"{where}: images of shape {images.shape}; expected (N, H, W) or (N, H, W, C) with C in 1, 3")
+    if 0 in images.shape[2:]:
+        raise DataError(f"{where}: images of shape {images.shape} have an empty side")
     if images.dtype == np.uint8:
         out = images.astype(np.float32) / 255.0
-    elif np.issubdtype(images.dtype, np.number):
+    else:
         out = images.astype(np.float32)
         lo, hi = float(out.min()), float(out.max())
         if not np.isfinite([lo, hi]).all():
-            raise DataError(f"{where}: images contain NaN or inf")
+            raise DataError(f"{where}: images contain NaN or inf (or values beyond float32)")
         if lo < 0.0 or hi > 1.0:
             out = (out - lo) / max(hi - lo, 1e-8)
-    else:
-        raise DataError(f"{where}: images have non-numeric dtype {images.dtype}")
     return torch.from_numpy(np.ascontiguousarray(out))
+
+
+def _labels(labels: np.ndarray, n: int, where: str, num_classes: int | None) -> torch.Tensor:
+    """Class labels (N,) or (N, 1), integers (or integral floats, or booleans), as int64 in [0, num_classes)."""
+    _check_dtype(labels, where)
+    if labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]
+    if labels.ndim != 1 or len(labels) != n:
+        raise DataError(f"{where}: labels of shape {labels.shape} do not match {n} images; expected (N,) or (N, 1)")
+    if labels.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            integral = np.isfinite(labels).all() and np.array_equal(labels, np.round(labels)) and np.abs(labels).max() < 2**62
+        if not integral:
+            raise DataError(f"{where}: labels are not integers")
+    elif labels.dtype.kind == "u" and labels.max() > np.iinfo(np.int64).max:
+        raise DataError(f"{where}: labels up to {labels.max()} do not fit int64")
+    labels = labels.astype(np.int64)
+    upper = num_classes if num_classes is not None else np.iinfo(np.int64).max
+    if labels.min() < 0 or labels.max() >= upper:
+        raise DataError(f"{where}: labels in [{labels.min()}, {labels.max()}], expected [0, {num_classes})")
+    return torch.from_numpy(labels)
+
+
+def _read_npz(npz: pathlib.Path, keys: Sequence[str]) -> list[np.ndarray]:
+    """The arrays ``keys`` of an .npz (never unpickling); a DataError names the file and the key that is missing or bad."""
+    try:
+        data = np.load(npz, allow_pickle=False)
+    except Exception as exc:  # noqa: BLE001 - missing, truncated or non-npz file
+        raise DataError(f"cannot read npz '{npz}': {first_line(exc)}") from exc
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise DataError(f"npz '{npz}' is a single .npy array, not an .npz archive with keys {list(keys)}")
+    with data:
+        present = set(data.files)
+        out = []
+        for key in keys:
+            if key not in present:
+                raise DataError(f"npz '{npz}' has no key '{key}' (has: {sorted(present)})")
+            try:
+                out.append(np.asarray(data[key]))
+            except Exception as exc:  # noqa: BLE001 - a corrupt member, or an object array that would need pickle
+                raise DataError(f"npz '{npz}' key '{key}' cannot be read: {first_line(exc)}") from exc
+    return out
 
 
 def load_npz_split(npz: str | os.PathLike, split: str, *, num_classes: int | None = None) -> TorchDataset:
     """A classification dataset for one split (train/val/test) of a MedMNIST-layout .npz.
 
     Items: ``{"image": float32 (C, H, W) in [0, 1], "label": int64 scalar, "name": "<split>_<i>"}``.
-    ``num_classes``, when given, bounds the labels.
+    ``num_classes``, when given, bounds the labels. A bad file, key, dtype or shape is a DataError naming
+    the file and the key.
     """
     npz = pathlib.Path(npz)
     _, prefix = split_keys(split)
-    try:
-        with np.load(npz, allow_pickle=False) as data:
-            keys = set(data.files)
-            for key in (f"{prefix}_images", f"{prefix}_labels"):
-                if key not in keys:
-                    raise DataError(f"npz '{npz}' has no key '{key}' (has: {sorted(keys)})")
-            images, labels = data[f"{prefix}_images"], data[f"{prefix}_labels"]
-    except MedflareError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - missing, truncated or non-npz file
-        raise DataError(f"cannot read npz '{npz}': {exc}") from exc
-    where = f"npz '{npz}' split '{prefix}'"
-    if len(images) == 0:
-        raise DataError(f"{where} is empty")
-    labels = np.asarray(labels)
-    if labels.ndim == 2 and labels.shape[1] == 1:
-        labels = labels[:, 0]
-    if labels.ndim != 1 or len(labels) != len(images):
-        raise DataError(f"{where}: labels of shape {labels.shape} do not match {len(images)} images; expected (N,) or (N, 1)")
-    if not np.issubdtype(labels.dtype, np.integer) and not np.array_equal(labels, np.round(labels)):
-        raise DataError(f"{where}: labels are not integers")
-    labels = labels.astype(np.int64)
-    upper = num_classes if num_classes is not None else np.iinfo(np.int64).max
-    if labels.min() < 0 or labels.max() >= upper:
-        raise DataError(f"{where}: labels in [{labels.min()}, {labels.max()}], expected [0, {num_classes})")
-    return NpzDataset(_images_to_nchw(np.asarray(images), where), torch.from_numpy(labels), prefix)
+    image_key, label_key = f"{prefix}_images", f"{prefix}_labels"
+    images, labels = _read_npz(npz, (image_key, label_key))
+    if images.ndim == 0 or len(images) == 0:
+        raise DataError(f"npz '{npz}' split '{prefix}' is empty (key '{image_key}' holds shape {images.shape})")
+    labels_t = _labels(labels, len(images), f"npz '{npz}' key '{label_key}'", num_classes)
+    return NpzDataset(_images_to_nchw(images, f"npz '{npz}' key '{image_key}'"), labels_t, prefix)

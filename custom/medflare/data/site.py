@@ -10,6 +10,15 @@ Resolution order (:func:`resolve_site_source`):
      ``$MEDFLARE_CACHE`` (or ``~/.cache/medflare``) in a folder named by its parameters.
      For ``datalist`` / ``volumes`` / ``npz``: an error saying how to point the site at its data.
 
+What a job may name on a site: nothing outside the site's own places. The data location is the site's
+(``$MEDFLARE_DATA``, ``local/medflare_data.json``, the cache of generated defaults); a job only picks a preset
+and overrides. Every job config value that is a path (a key named ``dir``, ``path``, ``file`` or ending
+``_dir``, ``_path``, ``_file``; today ``data.cache.dir``, where the disk cache writes preprocessed images) must,
+after ``~``, ``..`` and symlinks are resolved, lie inside the site's FLARE workspace or its cache folder
+(``$MEDFLARE_CACHE``); a relative one is taken inside the cache folder. Anything else is a ConfigError
+naming the key, raised before any file is touched (:func:`confine_job_paths`). A site's own datalist is
+not a job's: it may name files anywhere (:func:`medflare.data.datalists.read_datalist`).
+
 Kinds: ``datalist`` (2D images: NIfTI, PNG, JPEG, any size and channel count the preset accepts),
 ``volumes`` (3D NIfTI volumes trained as 2D slices or 3D patches, :mod:`medflare.data.volumes`), ``npz``
 (MedMNIST classification) and the synthetic defaults. A datalist may be an MSD ``dataset.json`` as
@@ -69,6 +78,55 @@ class SiteData:
     in_channels: int
     spatial_dims: int = 2
     whole_volumes: WholeVolumes | None = None
+
+
+#: a config key whose value names a place on the site's disk is called so (see the module docstring)
+_PATH_NAMES = ("dir", "path", "file")
+_PATH_SUFFIXES = ("_dir", "_path", "_file")
+
+
+def _is_path_key(key: str) -> bool:
+    return key in _PATH_NAMES or key.endswith(_PATH_SUFFIXES)
+
+
+def job_path_roots(workspace_root: str | os.PathLike | None) -> list[pathlib.Path]:
+    """The folders a job's paths may point into on this site: its FLARE workspace and its cache folder."""
+    roots = [cache_root()]
+    if workspace_root is not None:
+        roots.append(pathlib.Path(workspace_root))
+    return [r.expanduser().resolve() for r in roots]
+
+
+def confine_job_paths(cfg: Mapping[str, Any], roots: list[pathlib.Path], site: str = "") -> dict[str, Any]:
+    """``cfg`` (a preset merged with a job's overrides) with every path-valued key resolved and checked.
+
+    Each value of a path key (see the module docstring) becomes an absolute path with ``~``, ``..`` and
+    symlinks resolved (a relative one inside ``roots[0]``, the cache folder); one outside every folder of
+    ``roots`` (:func:`job_path_roots`), or not a string, is a ConfigError naming the key. The loaders then
+    use exactly the path that was checked.
+    """
+    who = f"site '{site}': " if site else ""
+
+    def walk(node: Any, prefix: str) -> Any:
+        if isinstance(node, Mapping):
+            return {k: check(f"{prefix}{k}", v) if _is_path_key(str(k)) else walk(v, f"{prefix}{k}.") for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v, f"{prefix}{i}.") for i, v in enumerate(node)]
+        return node
+
+    def check(key: str, value: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip() or "\x00" in value:
+            raise ConfigError(f"{who}config key '{key}' must be a path, got {value!r:.80}")
+        path = pathlib.Path(value).expanduser()
+        resolved = (path if path.is_absolute() else roots[0] / path).resolve()
+        if not any(resolved == root or root in resolved.parents for root in roots):
+            raise ConfigError(f"{who}config key '{key}' = {value!r} resolves to '{resolved}', outside this site's workspace "
+                              f"and cache folder ({', '.join(str(r) for r in roots)}); a job may not read or write there")
+        return str(resolved)
+
+    return walk(cfg, "")
 
 
 def _task(data_cfg: Mapping) -> str:

@@ -17,6 +17,7 @@ import math
 import os
 from typing import Any, Mapping, Sequence
 
+import nibabel as nib
 import torch
 from monai.data import MetaTensor
 from monai.data.image_reader import NibabelReader, PILReader
@@ -102,7 +103,7 @@ def describe_files(value: Any) -> str:
 
 
 def reader_for(value: Any):
-    """The MONAI reader for a file's type (all files of a multi-file image must share it); None: MONAI chooses."""
+    """The MONAI reader for a file's type (all files of a multi-file image must share it); None: no reader of ours."""
     names = [f.lower() for f in _files(value)]
     if all(n.endswith(NIFTI_SUFFIXES) for n in names):
         return NibabelReader()
@@ -117,8 +118,8 @@ class LoadPair(Transform):
     Checks, each a DataError naming the file and what the preset expects: the number of spatial
     dimensions (``spatial_dims``: 2 for images, 3 for volumes; a 2D image stored with a trailing
     singleton axis is accepted as 2D), the image's channel count (``channels``, after
-    ``channel_indices``), a single-channel label of the image's spatial shape and affine (1e-2 tolerance).
-    MONAI readers are picked by
+    ``channel_indices``), a single-channel label of the image's spatial shape and affine (1e-2 tolerance),
+    real finite values (complex, empty, NaN or inf arrays are refused, never cast). MONAI readers are picked by
     file type (:func:`reader_for`). Outputs MetaTensors (affine, spacing, applied operations) so that
     later transforms can be inverted.
     """
@@ -134,11 +135,26 @@ class LoadPair(Transform):
 
     def read(self, value: Any, what: str) -> MetaTensor:
         """One image or label file (or list of channel files) channel-first; a DataError names the file."""
+        reader = reader_for(value)
+        if reader is None:
+            raise DataError(f"cannot read {what} {describe_files(value)}: not a NIfTI ({', '.join(NIFTI_SUFFIXES)}) or "
+                            f"{'/'.join(s.lstrip('.').upper() for s in PIL_SUFFIXES)} file (all channel files of one image "
+                            "in one of these formats)")
         try:
-            img = self._load(_files(value) if isinstance(value, (list, tuple)) else str(value), reader=reader_for(value))
+            if isinstance(reader, NibabelReader):  # MONAI would cast a complex volume to float, dropping its imaginary part
+                stored = [nib.load(f).get_data_dtype() for f in _files(value)]
+                if any(d.kind not in "uifb" for d in stored):
+                    raise DataError(f"{what} {describe_files(value)} has dtype {stored[0]}; expected real-valued intensities")
+            img = self._load(_files(value) if isinstance(value, (list, tuple)) else str(value), reader=reader)
             img = self._first(img)
+        except DataError:
+            raise
         except Exception as exc:  # noqa: BLE001 - any reader failure is a bad file for the operator
-            raise DataError(f"cannot read {what} {describe_files(value)}: {_first_line(exc)}") from exc
+            raise DataError(f"cannot read {what} {describe_files(value)}: {first_line(exc)}") from exc
+        if 0 in img.shape:
+            raise DataError(f"{what} {describe_files(value)} is empty (channel-first shape {tuple(img.shape)})")
+        if img.is_floating_point() and not bool(torch.isfinite(img).all()):
+            raise DataError(f"{what} {describe_files(value)} holds NaN or inf values")
         # a 2D image stored as (H, W, 1) (NIfTI) is a 2D image
         while self.spatial_dims == 2 and img.ndim == 4 and img.shape[-1] == 1:
             img = img[..., 0]
@@ -192,7 +208,8 @@ class LoadPair(Transform):
         return out
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of what a library raised (of its cause, when it wrapped one), for a one-line DataError."""
     cause = exc.__cause__ or exc
     text = str(cause).strip().splitlines()
     return text[0] if text else type(cause).__name__

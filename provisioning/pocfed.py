@@ -96,14 +96,25 @@ def set_server_storage(src: str | Path, dst: str | Path, storage_root: str | Pat
     Path(dst).write_text(json.dumps(res, indent=2))
 
 
+def set_heart_beat_timeout(resources: str | Path, seconds: float) -> None:
+    """Set ``servers[0].heart_beat_timeout`` (seconds of a site's silence before the server drops it) in a server's resources.json."""
+    res = json.loads(Path(resources).read_text())
+    res["servers"][0]["heart_beat_timeout"] = seconds
+    Path(resources).write_text(json.dumps(res, indent=2))
+
+
 class PocFederation:
     """One POC federation under ``root`` (see the module docstring). Use as a context manager: always stopped."""
 
     def __init__(
-        self, root: str | Path, n_sites: int = 2, data_dir: str | Path | None = None, templates: bool = True, owner_pid: int | None = None
+        self, root: str | Path, n_sites: int = 2, data_dir: str | Path | None = None, templates: bool = True, owner_pid: int | None = None,
+        heart_beat_timeout: float | None = None,
     ):
-        """``owner_pid``: the process whose death makes this federation stale (tests pass their own pid)."""
+        """``owner_pid``: the process whose death makes this federation stale (tests pass their own pid);
+        ``heart_beat_timeout``: seconds of silence after which the server drops a site (default: the server
+        template's, see provisioning/README.md §10; tests that kill a site pass less)."""
         self.root = Path(root).resolve()
+        self.heart_beat_timeout = heart_beat_timeout
         self.owner_pid = owner_pid
         self.n_sites = n_sites
         self.data_dir = data_dir
@@ -173,6 +184,8 @@ class PocFederation:
         self._nvflare("poc", "prepare", "-i", str(self.project_file), "--force", timeout=180)
         if self.templates:
             install_templates(self.kit(self.server), "server", storage_root=self.root / "storage")
+            if self.heart_beat_timeout is not None:
+                set_heart_beat_timeout(self.kit(self.server) / "local" / "resources.json", self.heart_beat_timeout)
             for site in self.sites:
                 install_templates(self.kit(site), "site", data_dir=self.data_dir)
         else:  # still keep the job store out of /tmp/nvflare, shared by every POC on the machine
@@ -194,6 +207,24 @@ class PocFederation:
                 time.sleep(1)
         finally:
             sess.close()
+
+    def start_participant(self, name: str, timeout: float = 180) -> None:
+        """Start one participant again (``nvflare poc start -p``): a site's client or the server, after kill()."""
+        self._nvflare("poc", "start", "-p", name, "--timeout", str(int(timeout)), timeout=timeout + 60)
+
+    def kill(self, name: str) -> list[int]:
+        """SIGKILL every process of participant ``name`` (its parent process and its job processes), as a crash
+        or a power cut would end them; returns their pids. Nothing of it is told first."""
+        pids = self.pids(self.kit(name))
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        deadline = time.time() + 10
+        while any(Path(f"/proc/{p}").exists() and not _is_zombie(p) for p in pids) and time.time() < deadline:
+            time.sleep(0.1)
+        return pids
 
     def session(self, user: str | None = None, timeout: float = 60):
         """A FLARE Session API session as ``user`` (default: the project admin)."""

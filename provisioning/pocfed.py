@@ -194,23 +194,40 @@ class PocFederation:
 
     def start(self, timeout: float = 180) -> None:
         """nvflare poc start (server and clients), then wait until every site is connected."""
-        self._nvflare("poc", "start", "--timeout", str(int(timeout)), timeout=timeout + 60)
-        deadline = time.time() + timeout
-        sess = self.session()
-        try:
-            while True:
-                connected = {c.name for c in sess.get_connected_client_list()}
-                if set(self.sites) <= connected:
-                    return
-                if time.time() > deadline:
-                    raise TimeoutError(f"sites {sorted(set(self.sites) - connected)} not connected after {timeout:.0f} s")
-                time.sleep(1)
-        finally:
-            sess.close()
+        # --no-wait: FLARE's own readiness check logs in with a 1 s connection timeout, which a loaded machine
+        # misses until its deadline; wait_connected() waits with the Session API instead
+        self._nvflare("poc", "start", "--no-wait", timeout=120)
+        self.wait_connected(self.sites, timeout)
 
     def start_participant(self, name: str, timeout: float = 180) -> None:
-        """Start one participant again (``nvflare poc start -p``): a site's client or the server, after kill()."""
-        self._nvflare("poc", "start", "-p", name, "--timeout", str(int(timeout)), timeout=timeout + 60)
+        """Start one participant again (``nvflare poc start -p``), e.g. after kill(): a site's client (waits until it
+        is connected) or the server (waits until every site is connected to it again)."""
+        self._nvflare("poc", "start", "-p", name, "--no-wait", timeout=120)
+        self.wait_connected(self.sites if name == self.server else [name], timeout)
+
+    def wait_connected(self, sites: list[str], timeout: float = 180) -> None:
+        """Wait until the server answers the admin and lists every one of ``sites`` as connected."""
+        deadline = time.time() + timeout
+        connected: set[str] = set()
+        while True:
+            try:
+                sess = self.session(timeout=max(10.0, deadline - time.time()))
+                try:
+                    while True:
+                        connected = {c.name for c in sess.get_connected_client_list()}
+                        if set(sites) <= connected:
+                            return
+                        if time.time() > deadline:
+                            break
+                        time.sleep(1)
+                finally:
+                    sess.close()
+            except Exception:  # noqa: BLE001 - the server is not up yet: try again until the deadline
+                if time.time() > deadline:
+                    raise
+                time.sleep(1)
+            if time.time() > deadline:
+                raise TimeoutError(f"sites {sorted(set(sites) - connected)} not connected after {timeout:.0f} s")
 
     def kill(self, name: str) -> list[int]:
         """SIGKILL every process of participant ``name`` (its parent process and its job processes), as a crash

@@ -11,7 +11,9 @@ is never touched), ``root/ws`` (POC workspace: startup kits, the server's job st
 ``root/project.yml`` (provisioning/project.yml cut to n hospitals, on free loopback ports). ``down``
 runs ``nvflare poc stop`` and then kills, by pid, every process whose command line or working
 directory lies under ``root`` (FLARE starts job processes in their own sessions, so stopping the
-parents is not enough after a failed run).
+parents is not enough after a failed run). ``kill(name)`` ends one participant the hard way (SIGKILL of
+its parent and job processes, a crash or power cut) and ``start_participant(name)`` starts it again: what
+tests/poc/test_poc_reliability.py does to a hospital and to the server.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ The tests run in order on it:
 2. The victim's client is started again: it connects and takes part in round 0 of the next job (FLARE 2.9
    starts a job's process on a site only when the job is deployed, so a site that comes back joins the next
    job, not one already running).
-3. The server is SIGKILLed after round 1 of that job and started again. FLARE 2.9 does not resume it: its job
+3. The server is SIGKILLed after round 1 of that job (3 rounds) and started again. FLARE 2.9 does not resume it: its job
    snapshots are gone (``persist_components`` is a no-op, nothing restores a running job), so the job is
    left as it was in the job store, the sites drop their job processes, and no snapshot is written. What
    survives is the server's last saved global model, identical to the one saved before the kill; a job
@@ -214,7 +214,7 @@ def test_returning_site_joins_and_server_restart_keeps_the_last_model(fed):
         time.sleep(1)
     rejoined = time.time() - started
 
-    total = 6
+    total = 3  # rounds 0 and 1 before the crash, round 2 in the resumed job
     job_id = sess.submit_job(str(_job(fed, "fedavg", "long_fedavg", min_clients=3, workflow_args={"num_rounds": total, "num_clients": 3})))
     done = 1
     rows = _wait_rows(fed, job_id, lambda rows: _aggregated(rows, done), f"round {done}")

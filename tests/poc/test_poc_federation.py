@@ -10,7 +10,6 @@ through the sites' class_allow_list.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -30,6 +29,8 @@ from medflare.common.persistence import model_from_preset
 from medflare.fedsm.supermodel import BEST_SUPER_MODEL_FILE, SUPER_MODEL_FILE
 from medflare.testing.simrun import read_scalars
 
+from . import pocfed
+
 pytestmark = [pytest.mark.slow, pytest.mark.poc, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,15 +40,6 @@ JOB_TIMEOUT = 420  # s per job; they share 2 cores with each other and with what
 DEAD_BOUND = 90  # s from killing a site's job process to the job's terminal state
 
 
-def _load_pocfed():
-    spec = importlib.util.spec_from_file_location("pocfed", REPO / "provisioning" / "pocfed.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["pocfed"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-pocfed = _load_pocfed()
 
 
 # ---- the federation and its jobs -------------------------------------------------------------

@@ -24,19 +24,20 @@ Measured times (kill -> next aggregated round, kill -> job end, restart -> next 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from medflare.cli import main as medflare_main
 from medflare.common.results import read_checkpoint
 from medflare.testing.jobconfig import customize_job
 from medflare.testing.widgets import fingerprint
+
+from . import pocfed
 
 pytestmark = [pytest.mark.slow, pytest.mark.poc, pytest.mark.timeout(1200)]
 
@@ -49,18 +50,6 @@ JOB_TIMEOUT = 600  # s per job on a loaded 2-core machine
 DROP_BOUND = 240  # s from a site's death to the next aggregated round (HEART_BEAT + 5 + GRACE + a round)
 ROUNDS = 3
 MODELS = "models.jsonl"
-
-
-def _load_pocfed():
-    spec = importlib.util.spec_from_file_location("pocfed", REPO / "provisioning" / "pocfed.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["pocfed"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-pocfed = _load_pocfed()
-from medflare.cli import main as medflare_main  # noqa: E402
 
 
 @pytest.fixture(scope="module")

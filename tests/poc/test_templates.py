@@ -193,11 +193,8 @@ def _check_production_settings(project: dict, prod: Path) -> None:
     assert sum(p["role"] == "project_admin" for p in admins) == 1
     # the kits' local/ after install-templates (README §5): our policy, every role known, BYOC for no one
     # (the provisioned authorization.json.default is FLARE's, which lets project_admin and lead run BYOC)
-    sys.path.insert(0, str(REPO / "provisioning"))
-    try:
-        import pocfed
-    finally:
-        sys.path.pop(0)
+    from . import pocfed
+
     for p in parts:
         if p["type"] == "admin":
             continue

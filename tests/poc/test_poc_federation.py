@@ -22,14 +22,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from medflare.cli import main as medflare_main
 from medflare.common.results import load_result, read_checkpoint
 from medflare.testing.jobconfig import customize_job
 from medflare.common.persistence import model_from_preset
 from medflare.fedsm.supermodel import BEST_SUPER_MODEL_FILE, SUPER_MODEL_FILE
 from medflare.testing.simrun import read_scalars
 
-from . import pocfed
+from . import pocfed, poc_federation
 
 pytestmark = [pytest.mark.slow, pytest.mark.poc, pytest.mark.timeout(900)]
 
@@ -45,27 +44,8 @@ DEAD_BOUND = 90  # s from killing a site's job process to the job's terminal sta
 # ---- the federation and its jobs -------------------------------------------------------------
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory):
-    stale = pocfed.kill_stale_test_federations()  # of earlier runs killed before their teardown
-    if stale:
-        print(f"killed processes of stale POC federations: {stale}")
-    root = tmp_path_factory.mktemp("poc")
-    federation = pocfed.PocFederation(root / "fed", n_sites=2, data_dir=root / "data", owner_pid=os.getpid())
-    old_home = os.environ.get("HOME")
-    os.environ["HOME"] = str(federation.home)  # the Session API in this process: nothing under the user's ~
-    try:
-        federation.prepare()
-        assert medflare_main(["data", "--preset", PRESET, "--sites", ",".join(federation.sites), "--out", str(root / "data")]) == 0
-        federation.start(timeout=180)
-        federation.data = root / "data"
-        federation.jobs_dir = root / "jobs"
-        federation.results = root / "results"
+    with poc_federation(tmp_path_factory, PRESET, n_sites=2) as federation:
         yield federation
-    finally:
-        federation.stop()
-        if old_home is not None:
-            os.environ["HOME"] = old_home
-        leftovers = federation.pids()
-        assert not leftovers, f"POC processes left running: {leftovers}"
 
 
 def _job(fed, src: str, name: str, *, rounds=ROUNDS, sites=None, scope=None, byoc=False, client_component=None):

@@ -32,12 +32,11 @@ from pathlib import Path
 
 import pytest
 
-from medflare.cli import main as medflare_main
 from medflare.common.results import read_checkpoint
 from medflare.testing.jobconfig import customize_job
 from medflare.testing.widgets import fingerprint
 
-from . import pocfed
+from . import pocfed, poc_federation
 
 pytestmark = [pytest.mark.slow, pytest.mark.poc, pytest.mark.timeout(1200)]
 
@@ -54,26 +53,9 @@ MODELS = "models.jsonl"
 
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory):
-    pocfed.kill_stale_test_federations()
-    root = tmp_path_factory.mktemp("poc")
-    federation = pocfed.PocFederation(root / "fed", n_sites=3, data_dir=root / "data", owner_pid=os.getpid(),
-                                      heart_beat_timeout=HEART_BEAT)
-    old_home = os.environ.get("HOME")
-    os.environ["HOME"] = str(federation.home)
-    try:
-        federation.prepare()
-        assert medflare_main(["data", "--preset", PRESET, "--sites", ",".join(federation.sites), "--out", str(root / "data")]) == 0
-        federation.start(timeout=180)
-        federation.jobs_dir = root / "jobs"
-        federation.results = root / "results"
+    with poc_federation(tmp_path_factory, PRESET, n_sites=3, heart_beat_timeout=HEART_BEAT) as federation:
         federation.victim = federation.sites[-1]
-        federation.state = {}  # what one test leaves for the next (they run in order)
         yield federation
-    finally:
-        federation.stop()
-        if old_home is not None:
-            os.environ["HOME"] = old_home
-        assert not federation.pids(), "POC processes left running"
 
 
 @pytest.fixture()
@@ -187,7 +169,6 @@ def test_jobs_go_on_without_a_dead_site(fed, sess):
                 assert aggregates[rnd]["fingerprint"][key(victim)] == kept, f"round {rnd}: {victim}'s personalised model changed while it was away"
             for site in survivors:
                 assert aggregates[end]["fingerprint"][key(site)] != aggregates[last]["fingerprint"][key(site)], site
-    fed.state["dropout"] = measured
     print(f"site death: (s to the first round aggregated without {victim}, s to the job's end) from the kill: {measured}; "
           f"load {os.getloadavg()}")
 

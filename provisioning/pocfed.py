@@ -201,11 +201,12 @@ class PocFederation:
         self._nvflare("poc", "start", "--no-wait", timeout=120)
         self.wait_connected(self.sites, timeout)
 
-    def start_participant(self, name: str, timeout: float = 180) -> None:
-        """Start one participant again (``nvflare poc start -p``), e.g. after kill(): a site's client (waits until it
-        is connected) or the server (waits until every site is connected to it again)."""
+    def start_participant(self, name: str, timeout: float = 180, wait_for: list[str] | None = None) -> None:
+        """Start one participant again (``nvflare poc start -p``), e.g. after kill(), and wait until the sites
+        ``wait_for`` are connected: by default the site itself, or for the server every site ([] = until the
+        server answers the admin)."""
         self._nvflare("poc", "start", "-p", name, "--no-wait", timeout=120)
-        self.wait_connected(self.sites if name == self.server else [name], timeout)
+        self.wait_connected(wait_for if wait_for is not None else self.sites if name == self.server else [name], timeout)
 
     def wait_connected(self, sites: list[str], timeout: float = 180) -> None:
         """Wait until the server answers the admin and lists every one of ``sites`` as connected."""

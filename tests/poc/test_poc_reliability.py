@@ -13,13 +13,14 @@ The tests run in order on it:
 2. The victim's client is started again: it connects and takes part in round 0 of the next job (FLARE 2.9
    starts a job's process on a site only when the job is deployed, so a site that comes back joins the next
    job, not one already running).
-3. The server is SIGKILLed after round 1 of that job (3 rounds) and started again. FLARE 2.9 does not resume it: its job
-   snapshots are gone (``persist_components`` is a no-op, nothing restores a running job), so the job is
-   left as it was in the job store, the sites drop their job processes, and no snapshot is written. What
+3. The server is SIGKILLed after round 0 of that job (2 rounds) and started again. FLARE 2.9 does not resume
+   it: its job snapshots are gone (``persist_components`` is a no-op, nothing restores a running job), so the
+   job stays RUNNING in the job store, the sites end their job processes, and no snapshot is written. What
    survives is the server's last saved global model, identical to the one saved before the kill; a job
    resubmitted with it as the persistor's initial model and ``start_round`` = next round finishes the run.
 
-Measured times (kill -> next aggregated round, kill -> job end, restart -> next aggregated round) are printed.
+Measured times (site death -> first round without it and -> job end; server kill -> server up, sites back,
+old job's processes gone, resumed job's first round) are printed.
 """
 
 from __future__ import annotations
@@ -185,9 +186,8 @@ def test_returning_site_joins_and_server_restart_keeps_the_last_model(fed):
         time.sleep(1)
     rejoined = time.time() - started
 
-    total = 3  # rounds 0 and 1 before the crash, round 2 in the resumed job
+    total, done = 2, 0  # round 0 before the crash, round 1 in the resumed job
     job_id = sess.submit_job(str(_job(fed, "fedavg", "long_fedavg", min_clients=3, workflow_args={"num_rounds": total, "num_clients": 3})))
-    done = 1
     rows = _wait_rows(fed, job_id, lambda rows: _aggregated(rows, done), f"round {done}")
     assert {r["site"] for r in rows if r["event"] == "contribution" and r["round"] == 0} == set(fed.sites), "the returning site did not take part"
     saved = fed.kit(fed.server) / job_id / "app_server" / "FL_global_model.pt"
@@ -200,25 +200,24 @@ def test_returning_site_joins_and_server_restart_keeps_the_last_model(fed):
     snapshots = fed.root / "storage" / "snapshot-storage"
 
     fed.kill(fed.server)
-    killed = time.time()
-    fed.start_participant(fed.server)
-    restarted = time.time()
+    t = {"kill": time.time()}
+    fed.start_participant(fed.server, wait_for=[])
+    t["server up"] = time.time()
     sess.close()
     sess = fed.session()
     try:
+        fed.wait_connected(fed.sites)
+        t["sites back"] = time.time()
+        # FLARE 2.9 does not resume the job: no server job process, the sites end theirs, no snapshot exists,
+        # and the job store still says RUNNING (nothing closes the job)
         deadline = time.time() + 180
-        while set(fed.sites) - {c.name for c in sess.get_connected_client_list()}:
-            assert time.time() < deadline, "sites did not reconnect to the restarted server"
-            time.sleep(1)
-        reconnected = time.time() - restarted
-        # FLARE 2.9 does not resume the job: no server job process, the sites drop theirs, no snapshot exists
-        deadline = time.time() + 120
         while [p for p in fed.pids() if job_id in (pocfed.cmdline(p) or "")]:
-            assert time.time() < deadline, "processes of the interrupted job still run 120 s after the restart"
+            assert time.time() < deadline, "processes of the interrupted job still run 180 s after the restart"
             time.sleep(1)
+        t["job processes gone"] = time.time()
         status = sess.get_job_status(job_id)
-        assert status in ("RUNNING", "DISPATCHED") or status.startswith("FINISHED"), status
-        assert not snapshots.exists() or not any(snapshots.rglob("*")), list(snapshots.rglob("*"))
+        assert status == "RUNNING", status
+        assert not snapshots.exists() or not any(p.is_file() for p in snapshots.rglob("*")), list(snapshots.rglob("*"))
         # the last saved global model survived the crash, identical to the one saved before the kill
         after = read_checkpoint(saved)
         assert set(after["model"]) == set(before["model"])
@@ -230,7 +229,7 @@ def test_returning_site_joins_and_server_restart_keeps_the_last_model(fed):
             workflow_args={"num_rounds": total - done - 1, "num_clients": 3, "start_round": done + 1},
             persistor_args={"source_ckpt_file_full_name": str(saved)})))
         rows = _wait_rows(fed, resumed, lambda rows: _aggregated(rows, done + 1), f"round {done + 1}")
-        first = min(r["time"] for r in rows if r["event"] == "aggregate") - restarted
+        t[f"resumed job's round {done + 1} aggregated"] = min(r["time"] for r in rows if r["event"] == "aggregate")
         meta = sess.wait_for_job(resumed, timeout=JOB_TIMEOUT, poll_interval=1)
         assert meta["status"] == "FINISHED:COMPLETED", meta["status"]
         ws = _download(fed, sess, resumed)
@@ -243,6 +242,5 @@ def test_returning_site_joins_and_server_restart_keeps_the_last_model(fed):
         assert sorted(r["round"] for r in rows if r["event"] == "aggregate") == list(range(done + 1, total))
     finally:
         sess.close()
-    print(f"site restart: reconnected after {rejoined:.1f} s; server restart: old status {status}, sites back after {reconnected:.1f} s, "
-          f"resumed job's first round (round {done + 1}) aggregated {first:.1f} s after the restart (kill->restart {restarted - killed:.1f} s); "
-          f"load {os.getloadavg()[0]:.1f}")
+    print(f"site restart: reconnected after {rejoined:.1f} s; server restart, s from the kill: "
+          f"{ {k: round(v - t['kill'], 1) for k, v in t.items()} }; load {os.getloadavg()}")

@@ -214,7 +214,7 @@ class PocFederation:
         connected: set[str] = set()
         while True:
             try:
-                sess = self.session(timeout=max(10.0, deadline - time.time()))
+                sess = self.session(timeout=min(20.0, max(5.0, deadline - time.time())))  # a fresh login per try
                 try:
                     while True:
                         connected = {c.name for c in sess.get_connected_client_list()}

@@ -201,12 +201,12 @@ def test_returning_site_joins_and_server_restart_keeps_the_last_model(fed):
 
     fed.kill(fed.server)
     t = {"kill": time.time()}
-    fed.start_participant(fed.server, wait_for=[])
+    fed.start_participant(fed.server, wait_for=[], timeout=300)
     t["server up"] = time.time()
     sess.close()
     sess = fed.session()
     try:
-        fed.wait_connected(fed.sites)
+        fed.wait_connected(fed.sites, timeout=300)
         t["sites back"] = time.time()
         # FLARE 2.9 does not resume the job: no server job process, the sites end theirs, no snapshot exists,
         # and the job store still says RUNNING (nothing closes the job)

@@ -27,7 +27,7 @@ from medflare.common.report import markdown_table, site_table
 from medflare.testing.simrun import run_simulator
 from medflare.common.training import make_loader
 from medflare.data import load_site
-from medflare.metrics import evaluate
+from medflare.metrics import evaluate, unseen_classes_warning
 from medflare.presets import get_preset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,21 +38,28 @@ def score_sites(model, sites: list[str], preset: str, split: str = "test", predi
     """``site_table`` of one model (or ``predict`` callable) evaluated on each site's ``split`` (preset + ``overrides``).
 
     A ``predict`` that records its routing (a FedSM super model's predictor: ``reset()``, ``choices``) adds
-    ``table["choices"] = {site: [routing of every case]}``.
+    ``table["choices"] = {site: [routing of every case]}``. Foreground classes a site's labels never hold are printed
+    as a warning and listed in ``table["warnings"]`` (the preset's class count does not match the data).
     """
     cfg = get_preset(preset, overrides)
-    per_site, choices = {}, {}
+    per_site, choices, warnings = {}, {}, []
     for site in sites:
         d = load_site(site, cfg["data"])
         loader = make_loader(getattr(d, split), cfg["train"]["batch_size"], False)
         if hasattr(predict, "reset"):
             predict.reset()
         per_site[site] = evaluate(model, loader, task=d.task, num_classes=d.num_classes, metrics=cfg["eval"]["metrics"], predict=predict)
+        warning = unseen_classes_warning(site, d.num_classes, per_site[site].get("unseen_classes", []), per_site[site]["num_cases"], split)
+        if warning:
+            print(warning)
+            warnings.append(warning)
         if hasattr(predict, "choices"):
             choices[site] = list(predict.choices)
     table = site_table(per_site)
     if choices:
         table["choices"] = choices
+    if warnings:
+        table["warnings"] = warnings
     return table
 
 

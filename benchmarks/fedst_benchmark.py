@@ -49,6 +49,7 @@ from medflare.fedst.diffusion import (build_generator, cycle, diffusion_config, 
                                       sample_images, sampling_scheduler, train_generator, training_scheduler)
 from medflare.fedst.store import FILE_OF, load_fedst_result  # noqa: E402
 from medflare.metrics import dice  # noqa: E402
+from medflare.metrics.site_mean import class_presence, site_mean  # noqa: E402
 from medflare.nets import build_from_spec  # noqa: E402
 from medflare.presets import get_preset  # noqa: E402
 from medflare.testing.jobconfig import customize_job  # noqa: E402
@@ -159,7 +160,8 @@ def quality_part(preset: str, style: str, labels_of: str, configs: list[tuple[st
 
     def score(images, target):
         with torch.no_grad():
-            return float(dice(seg(images).argmax(1, keepdim=True), target, styled.num_classes).nanmean())
+            pred = seg(images).argmax(1, keepdim=True)
+            return site_mean(dice(pred, target, styled.num_classes), class_presence(pred, target, styled.num_classes)[0]).mean
 
     out: dict[str, Any] = {"real_test_dice": score(test_x, test_y), "rows": {}}
     trained: dict[str, Any] = {}

@@ -134,7 +134,9 @@ def _sources(args, data_cfg) -> dict[str, tuple]:
 
 def _evaluate_one(label, predictor, sources, metrics, device, batch_size, verbose, data_cfg) -> dict[str, Any]:
     """Score one predictor on every source and print the summary a person reads."""
-    from medflare.common.report import confusion_matrix, confusion_table, metrics_table, named_fractions_table, site_table
+    from medflare.common.report import (confusion_matrix, confusion_table, metrics_table, named_fractions_table,
+                                        per_class_table, site_table)
+    from medflare.metrics.site_mean import unseen_classes_warning
     from medflare.common.training import make_loader
     from medflare.data.writeback import is_volume_preset, scored_batches
     from medflare.metrics import evaluate
@@ -161,7 +163,14 @@ def _evaluate_one(label, predictor, sources, metrics, device, batch_size, verbos
         per_site[name] = result
     table = site_table(per_site)
     print(f"\n== {label} ==")
+    for name, (_, task, num_classes) in sources.items():
+        warning = unseen_classes_warning(name, num_classes, per_site[name].get("unseen_classes", []), per_site[name]["num_cases"])
+        if warning:
+            print(warning)
     print(metrics_table(table, counts={n: r["num_cases"] for n, r in per_site.items()}))
+    if any(len(classes) > 1 or r.get("absent_classes") for r in per_site.values() for classes in r.get("per_class", {}).values()):
+        print("\nper class ('-': in no prediction and no label at that site, left out of the class mean):\n"
+              + per_class_table(per_site))
     if reports:
         print("\ncases routed to each model (%):\n" + named_fractions_table(reports, first="test site"))
     for name, result in per_site.items():

@@ -42,7 +42,8 @@ def test_evaluate_equals_the_metric_functions_and_prints_a_summary(tmp_path, cap
     assert site["mean"] == pytest.approx(expected["mean"]) and len(site["per_case"]) == expected["num_cases"]
     printed = capsys.readouterr().out
     assert "| site | cases | dice |" in printed
-    assert printed.count("\n") < 12, "a summary, not a line per case"  # per-case rows only with --verbose
+    assert "| site | dice_c1 | dice_c2 |" in printed  # 3 classes: the per-class table too
+    assert "name=" not in printed and printed.count("\n") < 16, "a summary, not a line per case"  # per-case rows only with --verbose
     assert main(["evaluate", "--model", str(ckpt), "--site", "site-1", "--verbose"]) == 0
     assert capsys.readouterr().out.count("name=") == expected["num_cases"]
 

@@ -16,7 +16,7 @@ from medflare.fedsm import protocol as P
 from medflare.fedsm.aggregate import SiteReply, SuperState, aggregate_models, aggregate_round, refresh_selector
 from medflare.fedsm.extra import HeadAdam, extra_labels, head_gradient_step, per_case_losses
 from medflare.fedsm.routing import GLOBAL, SuperModelPredictor, route, selection_frequency
-from medflare.fedsm.scoring import case_scorer, one_pass, summarize
+from medflare.fedsm.scoring import case_scorer, one_pass, site_score, summarize
 from medflare.fedsm.selector import EncoderGaussianSelector, build_selector, encoder_features, selector_spec, unet_down_blocks
 from medflare.fedsm.softpull import softpull
 from medflare.fedsm.supermodel import (load_super_model, save_super_model, super_model_description, super_model_network)
@@ -390,8 +390,26 @@ def test_one_pass_scores_every_model_as_evaluate_does():
     scores, typ, head = one_pass(batches, nets, sel, score, "cpu")
     assert typ.shape == (6, 2) and head is None
     for name, net in nets.items():
-        ref = evaluate(net, batches, task="segmentation", num_classes=3, metrics=["dice"])["per_case"]
-        np.testing.assert_allclose(scores[name].numpy(), [r["dice"] for r in ref])
+        ref = evaluate(net, batches, task="segmentation", num_classes=3, metrics=["dice_c1", "dice_c2", "dice"])
+        assert scores[name].shape == (6, 2, 2)  # per case: per-class Dice, class presence
+        np.testing.assert_allclose(scores[name][:, 0].numpy(), [[r["dice_c1"], r["dice_c2"]] for r in ref["per_case"]])
+        assert site_score(scores[name]) == pytest.approx(ref["mean"]["dice"])
+
+
+def test_site_scores_leave_out_a_class_no_model_ever_predicts_nor_any_label_holds():
+    # binary masks under a 3-class preset; the models never predict class 2: FedSM's scores (and so the best
+    # super model's choice) must be the class-1 Dice, not inflated by an empty-empty 1.0 for class 2
+    g = torch.Generator().manual_seed(0)
+    labels = (torch.rand(4, 1, 8, 8, generator=g) > 0.5).long()
+    batch = {"image": torch.zeros(4, 1, 8, 8), "label": labels}
+    score = case_scorer("segmentation", 3, "dice", "cpu")
+    logits = {"g": torch.nn.functional.one_hot(torch.zeros(4, 8, 8).long(), 3).permute(0, 3, 1, 2).float(),  # all background
+              "p": torch.nn.functional.one_hot(labels[:, 0], 3).permute(0, 3, 1, 2).float()}  # perfect
+    scores = {name: score(batch, out) for name, out in logits.items()}
+    typ = torch.tensor([[0.0, 0.9]] * 2 + [[0.9, 0.0]] * 2)  # own = site 1: cases 0, 1 own model, cases 2, 3 elsewhere
+    out = summarize(scores, typ, None, own=1, gamma=0.05, key="dice", global_name="g", person_names=["g", "p"], own_name="p")
+    assert out["global_dice"] == 0.0 and out["person_dice"] == 1.0  # class 2 left out: not (0 + 1) / 2
+    assert out["own_or_global_dice"] == pytest.approx(0.5) and out["super_dice"] == pytest.approx(0.5)
 
 
 # ---- the super-model file and its persistor ----------------------------------------------------------

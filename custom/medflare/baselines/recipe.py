@@ -1,6 +1,10 @@
 """Recipes of the baseline jobs (jobs/fedavg, jobs/fedprox, jobs/scaffold): FLARE's FedAvg / Scaffold workflows,
 the preset's network as initial model, FLARE's IntimeModelSelector for the best model, our SupervisedExecutor.
 
+The workflows run with ``ignore_result_error=True``: a site whose result failed or was refused by the server's
+update guard (:mod:`medflare.common.result_guard`) is left out of that round's average (weighted over the sites
+that answered) and asked again next round; the server log names it.
+
     from medflare.recipes import FedAvgRecipe
     from nvflare.recipe import SimEnv
     FedAvgRecipe(preset="seg_synthetic_tiny", num_rounds=3).execute(SimEnv(num_clients=2))
@@ -38,6 +42,10 @@ class _BaselineRecipe(JobRecipe):
         **workflow_args: Any,
     ):
         key_metric = get_preset(preset, overrides)["eval"]["key_metric"]
+        # A site whose result failed (its own error, or refused by the server's update guard) is left out of the
+        # round's weighted average instead of ending the job: FedAvg asks every sampled site, so FLARE's default
+        # (ignore an error only while min_responses stays reachable) would end it at the first one.
+        workflow_args.setdefault("ignore_result_error", True)
         workflow = self.workflow_cls(num_clients=num_clients, num_rounds=num_rounds, persistor_id="persistor",
                                      task_check_period=TASK_CHECK_PERIOD, **workflow_args)
         super().__init__(

@@ -7,7 +7,9 @@ the recipes and a test fails when a folder and its recipe's export differ, so a 
 one and not in the other.
 
 :class:`JobRecipe` wires what every medflare job has besides its workflow and executor: the server's
-TensorBoard receiver and the sites' analytics-to-federated-event converter, FLARE timings that keep the
+TensorBoard receiver and the sites' analytics-to-federated-event converter, the server's update guard
+(:class:`~medflare.common.result_guard.UpdateGuard`, a result filter on every task: no NaN/Inf or outsized
+update reaches a model), FLARE timings that keep the
 per-round overhead at about 0.5 s instead of 2 s (benchmarks/RESULTS.md), sites that fetch their next task
 when the server has it (:mod:`medflare.common.task_wait`: no retry sleeps), the package as an installed
 app package (never copied into the job), and ``app/custom/README.md``, which makes the simulator treat
@@ -33,6 +35,7 @@ from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
 from nvflare.job_config.api import FedJob
 from nvflare.recipe.spec import Recipe
 
+from medflare.common.result_guard import UpdateGuard
 from medflare.common.task_wait import TaskReadyResponder, WaitForNextTask
 from medflare.common.tracking import SERVER_EVENT_TYPE
 
@@ -83,6 +86,8 @@ class JobRecipe(Recipe):
             scope the job runs under). Default none.
         more_executors: ``[(executor, tasks), ...]`` further client executors, each serving its own tasks (a job whose
             site work splits into several executors, e.g. FedST's generator training, sampling and segmentation). Default none.
+        update_guard: the server's result filter on every task the sites serve. Default ``UpdateGuard()`` (its knobs
+            ``max_norm_ratio`` and ``enabled`` are in the exported ``config_fed_server.json``).
     """
 
     def __init__(
@@ -98,6 +103,7 @@ class JobRecipe(Recipe):
         min_clients: int = 2,
         meta_props: Mapping[str, Any] | None = None,
         more_executors: Sequence[tuple[Any, Sequence[str]]] | None = None,
+        update_guard: UpdateGuard | None = None,
     ):
         job = FedJob(name=name, min_clients=min_clients, meta_props=dict(meta_props) if meta_props else None)
         job.set_app_packages(["medflare"])  # installed at every site with pip: never copied into the job
@@ -114,6 +120,8 @@ class JobRecipe(Recipe):
         job.to_clients(ConvertToFedEvent(events_to_convert=[ANALYTIC_EVENT_TYPE], fed_event_prefix="fed."), id="event_to_fed")
         job.to_clients(WaitForNextTask(), id="wait_for_next_task")
         super().__init__(job)
+        all_tasks = sorted({*tasks, *(t for _, extra_tasks in more_executors or () for t in extra_tasks)})  # a stable export
+        self.add_server_input_filter(update_guard or UpdateGuard(), tasks=all_tasks)
         self.add_server_config(dict(SERVER_SETTINGS))
         self.add_client_config(dict(CLIENT_SETTINGS))
         self.add_server_file(_custom_readme())

@@ -56,6 +56,19 @@ def metrics_table(table: Mapping[str, Any], counts: Mapping[str, int] | None = N
     return "\n".join(lines)
 
 
+def per_class_table(per_site: Mapping[str, Mapping[str, Any]]) -> str:
+    """Each site's per-class means (``evaluate()["per_class"]``) as markdown, one column per metric and class;
+    "-" where the class is absent at the site (in no prediction and no label: left out of its class mean)."""
+    columns = sorted({(base, int(k)) for r in per_site.values() for base, classes in r.get("per_class", {}).items() for k in classes})
+    names = [f"{base}_c{k}" for base, k in columns]
+    lines = ["| site | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+    for site, result in per_site.items():
+        per_class = result.get("per_class", {})
+        cells = [_fmt_metric(base, per_class.get(base, {}).get(k)) for base, k in columns]
+        lines.append(f"| {site} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _fmt_metric(name: str, value) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"

@@ -29,6 +29,7 @@ from medflare.common.tracking import SiteTracker
 from medflare.common.training import batch_size_for, make_loader, pick_device
 from medflare.data import SiteData, load_site
 from medflare.metrics import evaluate, metrics_for_round, overlay_image
+from medflare.metrics.site_mean import unseen_classes_warning
 from medflare.nets import build_from_spec
 from medflare.presets import get_preset
 
@@ -81,6 +82,7 @@ class SiteExecutor(Executor):
         self._threads: int | None = None  # torch's thread count after the share was applied
         self._handlers: dict[str, Handler] = {}
         self._validate_s = 0.0  # seconds spent in validate() during the current task
+        self._warned_unseen: set[str] = set()  # splits whose never-seen classes were logged (once a run, not every round)
 
     # ---- set-up ------------------------------------------------------------------------------
     def register_task(self, task_name: str, handler: Handler) -> None:
@@ -181,7 +183,9 @@ class SiteExecutor(Executor):
         AJI, object Dice) are computed only every ``eval.costly_every`` rounds and in the last one
         (:func:`medflare.metrics.metrics_for_round`); without it, all of them. Volume presets are scored per
         volume (``SiteData.whole_volumes``): slice predictions stacked back into the volume, or sliding windows
-        for 3D models; distances in mm.
+        for 3D models; distances in mm. Class means leave out classes in no prediction and no label of the
+        split (:mod:`medflare.metrics.site_mean`), the rule of ``medflare evaluate``; foreground classes that no
+        label of the split holds are logged once per split as a warning (the preset may have too many classes).
         """
         names = list(metrics or self.cfg["eval"]["metrics"])
         if round_num is not None:
@@ -202,6 +206,11 @@ class SiteExecutor(Executor):
             predict=predict,
         )
         self._validate_s += time.perf_counter() - tic
+        warning = unseen_classes_warning(self.site, self.data.num_classes, result.get("unseen_classes", []),
+                                         result["num_cases"], split)
+        if warning and split not in self._warned_unseen:
+            self._warned_unseen.add(split)
+            self.logger.warning(warning)
         return result["mean"]
 
     def log_overlays(self, fl_ctx: FLContext, model: torch.nn.Module, tag: str, round_num: int, total_rounds: int | None) -> None:

@@ -17,7 +17,9 @@ What FedAvg does not do and hospitals need: each site may get its own payload (F
 model, FedIOD's per-site gradients), a site that does not answer within ``task_timeout`` counts as
 missing instead of hanging the job, fewer than ``min_responses`` answers end the job with a message
 naming the missing sites, and a reply that a site's privacy filters refused is reported as such
-(:class:`medflare.PrivacyError`), not as a crash.
+(:class:`medflare.PrivacyError`), not as a crash. A result that the server's update guard
+(:class:`medflare.common.result_guard.UpdateGuard`: NaN/Inf or an outsized update) refused counts as a
+missing site: the round goes on with the others when ``min_responses`` allows, and the log names the site.
 """
 
 from __future__ import annotations
@@ -36,11 +38,12 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.model_controller import ModelController
 
-from medflare import PayloadError, PrivacyError
+from medflare import ConfigError, PayloadError, PrivacyError
 from medflare.common.checks import check_int
 from medflare.common.component import keep_args
 from medflare.common.compute import apply_threads, compute_share
 from medflare.common.payload import payload_bytes
+from medflare.common.result_guard import UPDATE_REFUSED
 from medflare.common.site_config import read_site_config
 
 
@@ -82,6 +85,7 @@ class SiteRounds(ModelController):
         check_int(name, "task_timeout", task_timeout, 0)
         self._results: dict[str, FLModel] = {}
         self._refused: dict[str, str] = {}
+        self._guarded: set[str] = set()  # sites whose result the server's update guard refused in this exchange
         self._expected: set[str] = set()
         self._all_in = threading.Event()
         self.best_value = float("-inf")  # the best value given to offer_best so far
@@ -160,6 +164,8 @@ class SiteRounds(ModelController):
         rc = result.get_return_code()
         if rc == ReturnCode.TASK_RESULT_FILTER_ERROR:
             self._refused[client_name] = rc
+        elif rc == UPDATE_REFUSED:
+            self._guarded.add(client_name)
         return super()._accept_train_result(client_name, result, fl_ctx)
 
     def _collect(self, result: FLModel) -> bool:
@@ -180,7 +186,7 @@ class SiteRounds(ModelController):
         holds), PayloadError when fewer than ``min_responses`` (default: the workflow's, 0 = all) sites
         answered. Logs the bytes each way per site and the filters each result (or each part of a COLLECTION) passed.
         """
-        self._results, self._refused = {}, {}
+        self._results, self._refused, self._guarded = {}, {}, set()
         self._expected, self._all_in = set(payloads), threading.Event()
         sent = {}
         for site, model in payloads.items():
@@ -202,9 +208,13 @@ class SiteRounds(ModelController):
                 "(the site's log names the blocked DXO kind)"
             )
         need = min_responses if min_responses is not None else (self.min_responses or len(payloads))
+        guarded = f"; the server's update guard refused {sorted(self._guarded)}" if self._guarded else ""
         if len(results) < need:
             missing = sorted(set(payloads) - set(results))
-            raise PayloadError(f"round {rnd} task '{task}': {len(results)} of {len(payloads)} sites answered (no result from {missing}); min_responses={need}")
+            raise PayloadError(f"round {rnd} task '{task}': {len(results)} of {len(payloads)} sites answered (no result from {missing}"
+                               f"{guarded}); min_responses={need}")
+        if guarded:
+            self.warning(f"round {rnd} task '{task}': going on with {sorted(results)}{guarded}")
         for site, res in results.items():
             filters = res.meta.get(FLMetaKey.FILTER_HISTORY) or filter_history(res.params)
             self.info(f"round {rnd} {task}: {site} sent {sent[site]} B, received {payload_bytes(res.params)} B"

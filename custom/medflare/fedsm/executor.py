@@ -88,7 +88,7 @@ class FedSMExecutor(SiteExecutor):
         self.register_task(P.TASK_VALIDATE, self.score_only)
         self.selector = None
         self.selector_spec: dict | None = None
-        self._scores: dict[tuple[str, str, str], torch.Tensor] = {}  # (split, model, digest) -> per-case scores
+        self._scores: dict[tuple[str, str, str], torch.Tensor] = {}  # (split, model, digest) -> per-case scores (N, 2, K), see case_scorer
         self._labels: tuple[str, list[int]] | None = None  # (digest of all models, Eq. 1 labels of the training cases)
 
     def setup(self, fl_ctx: FLContext) -> None:

@@ -1,7 +1,9 @@
 """Metrics on label maps and instance maps, and the one ``evaluate()`` every job and the CLI use.
 
 Segmentation metrics take integer label maps (B, 1, H, W[, D]) and return per-case values; the
-conventions for empty masks are documented in :mod:`medflare.metrics.segmentation`.
+conventions for empty masks are documented in :mod:`medflare.metrics.segmentation`, the reduction of per-class
+values to a site's class mean (classes in no prediction and no label of the site left out) in
+:mod:`medflare.metrics.site_mean`.
 """
 
 from medflare.metrics.classification import accuracy, to_class_labels
@@ -26,6 +28,7 @@ from medflare.metrics.segmentation import (
     surface_dice,
     variation_of_information,
 )
+from medflare.metrics.site_mean import SiteMean, class_presence, site_mean, unseen_classes_warning
 from medflare.metrics.visualize import PALETTE, image_grid, overlay_image
 
 __all__ = [
@@ -33,10 +36,12 @@ __all__ = [
     "COSTLY_METRICS",
     "PALETTE",
     "SEGMENTATION_METRICS",
+    "SiteMean",
     "TASKS",
     "accuracy",
     "aggregated_jaccard_index",
     "check_label_maps",
+    "class_presence",
     "dice",
     "evaluate",
     "hd95",
@@ -48,9 +53,11 @@ __all__ = [
     "object_dice",
     "overlay_image",
     "sensitivity",
+    "site_mean",
     "specificity",
     "surface_dice",
     "to_class_labels",
     "to_instances",
+    "unseen_classes_warning",
     "variation_of_information",
 ]

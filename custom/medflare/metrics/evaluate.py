@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from medflare import MedflareError
+from medflare import DataError, MedflareError
 from medflare.metrics.classification import to_class_labels
 from medflare.metrics.instance import aggregated_jaccard_index, object_dice, to_instances
 from medflare.metrics.segmentation import (
@@ -19,6 +19,7 @@ from medflare.metrics.segmentation import (
     surface_tolerance,
     variation_of_information,
 )
+from medflare.metrics.site_mean import class_presence, site_mean
 
 __all__ = ["COSTLY_METRICS", "SEGMENTATION_METRICS", "CLASSIFICATION_METRICS", "TASKS", "evaluate", "logits_to_label_map",
            "metrics_for_round"]
@@ -107,19 +108,20 @@ def _case_names(batch: Mapping[str, Any], size: int, start: int) -> list[str]:
 
 
 def _segmentation_scores(pred: torch.Tensor, target: torch.Tensor, num_classes: int, metrics: Sequence[str],
-                         spacing=None) -> list[dict[str, float]]:
-    """Per-case scores of one batch of checked label maps (B,1,...) -> B dicts {metric name: value}.
+                         spacing=None) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """Scores of one batch of checked label maps (B,1,...): B dicts of the metrics that are not per class,
+    ``{base: (B, num_classes-1)}`` per-class values (on the CPU) and :func:`class_presence` of the batch.
 
-    The per-class metrics and MPA are computed for the whole batch where the label maps are (the model's
-    device) and copied to the CPU once per batch; VI and the instance metrics are per-case CPU work.
+    The per-class metrics are reduced to per-case and site means only once the whole site is scored
+    (:func:`medflare.metrics.site_mean.site_mean`: whether a class counts depends on every case). The per-class
+    metrics and MPA are computed for the whole batch where the label maps are (the model's device) and copied to
+    the CPU once per batch; VI and the instance metrics are per-case CPU work.
     """
     batch = pred.shape[0]
     rows: list[dict[str, float]] = [{} for _ in range(batch)]
-    matches = {name: _CLASS_RE.match(name) for name in metrics}
-    bases = {m.group(1) if m else name for name, m in matches.items()}
-    bases = {b for b in bases if b in _PER_CLASS or surface_tolerance(b) is not None}
     device = pred.device
-    per_class = per_class_scores(pred, target, num_classes, sorted(bases), device=device, spacing=spacing) if bases else {}
+    bases = _class_bases(metrics)
+    per_class = per_class_scores(pred, target, num_classes, bases, device=device, spacing=spacing) if bases else {}
     per_class = {name: values.cpu() for name, values in per_class.items()}
     mpa = mean_pixel_accuracy(pred, target, num_classes, device=device).tolist() if "mpa" in metrics else None
     on_cpu = [m for m in metrics if m in ("vi", "aji", "object_dice")]
@@ -129,21 +131,57 @@ def _segmentation_scores(pred: torch.Tensor, target: torch.Tensor, num_classes: 
     for b in range(batch):
         instances = None  # connected components of the union foreground, computed once per case
         for name in metrics:
-            m = matches[name]
-            if m:
-                value = float(per_class[m.group(1)][b, int(m.group(2)) - 1])
-            elif name in per_class:
-                value = nanmean_with_count(per_class[name][b])[0]
-            elif name == "mpa":
-                value = float(mpa[b])
+            if name == "mpa":
+                rows[b][name] = float(mpa[b])
             elif name == "vi":
-                value = float(vi[b])
-            else:  # instance metrics on connected components of the union foreground
+                rows[b][name] = float(vi[b])
+            elif name in instance_metrics:  # instance metrics on connected components of the union foreground
                 if instances is None:
                     instances = to_instances(pred_cpu[b, 0].numpy()), to_instances(target_cpu[b, 0].numpy())
-                value = instance_metrics[name](*instances)
-            rows[b][name] = value
-    return rows
+                rows[b][name] = instance_metrics[name](*instances)
+    return rows, per_class, class_presence(pred, target, num_classes)
+
+
+def _class_bases(metrics: Sequence[str]) -> list[str]:
+    """The per-class metrics (dice, hd95, ...) behind ``metrics``, whether asked as a class mean or for one class."""
+    bases = {m.group(1) if (m := _CLASS_RE.match(name)) else name for name in metrics}
+    return sorted(b for b in bases if b in _PER_CLASS or surface_tolerance(b) is not None)
+
+
+def _reduce_classes(metrics: Sequence[str], per_case: list[dict[str, Any]], values: Mapping[str, list[torch.Tensor]],
+                    present: list[torch.Tensor]) -> dict[str, dict[int, float]]:
+    """Fill each case's per-class metrics by the site rule (:func:`site_mean`); returns ``{base: {class: site mean}}``."""
+    if not present:
+        return {}
+    where = torch.cat(present)
+    out = {}
+    for base, parts in values.items():
+        table = torch.cat(parts)
+        reduced = site_mean(table, where)
+        out[base] = reduced.per_class
+        for name in metrics:
+            m = _CLASS_RE.match(name)
+            if name == base:
+                column = reduced.per_case
+            elif m and m.group(1) == base:
+                k = int(m.group(2))
+                column = table[:, k - 1] if k not in reduced.absent else torch.full((len(per_case),), float("nan"))
+            else:
+                continue
+            for row, value in zip(per_case, column.tolist()):
+                row[name] = float(value)
+    return out
+
+
+def _check_label_range(label: torch.Tensor, num_classes: int, names: list[str]) -> None:
+    """A label value outside [0, num_classes) is the data's or the preset's fault: name the case."""
+    flat = label.flatten(1)
+    if not flat.numel():
+        return
+    lo, hi = flat.amin(1), flat.amax(1)
+    for i in torch.nonzero((lo < 0) | (hi >= num_classes)).flatten().tolist():
+        raise DataError(f"case '{names[i]}': label values in [{int(lo[i])}, {int(hi[i])}], outside [0, num_classes={num_classes}) "
+                        "of the preset (data.num_classes)")
 
 
 def evaluate(
@@ -156,6 +194,7 @@ def evaluate(
     device: str | torch.device = "cpu",
     predict: Callable[[torch.Tensor], torch.Tensor] | None = None,
     spacing: Sequence[float] | None = None,
+    keep_class_values: bool = False,
 ) -> dict[str, Any]:
     """Score ``model`` (or ``predict``) on every case of ``loader``; the one evaluation used by all jobs.
 
@@ -177,10 +216,20 @@ def evaluate(
     case) or else the batch's ``"spacing"`` entry ((B, dims), as volume datasets give it); in pixels otherwise.
     Unknown names, tasks or shapes raise MedflareError.
 
+    Class means follow :mod:`medflare.metrics.site_mean`: a foreground class in no prediction and no label of
+    any case of ``loader`` is left out of "<name>" (every case) and its "<name>_c<k>" is nan; a class present
+    somewhere keeps the per-case empty-mask conventions. So score a whole site in one call: the rule needs every case.
+    A label value outside [0, num_classes) raises DataError naming the case.
+
     Returns:
         ``{"mean": {name: float}, "per_case": [{"name": case, name: float, ...}, ...],
         "nan_count": {name: int}, "num_cases": int}``; means are nan-means over cases, and
-        ``nan_count`` says how many cases were nan (e.g. HD95 with an empty mask).
+        ``nan_count`` says how many cases were nan (e.g. HD95 with an empty mask). Segmentation adds
+        ``"per_class": {base: {k: site mean of class k, nan when absent}}`` for every per-class metric asked
+        (e.g. "dice" or "dice_c1" -> base "dice"), ``"absent_classes"`` (left out: in no prediction and no
+        label) and ``"unseen_classes"`` (in no label: the preset may have more classes than the data); with
+        ``keep_class_values`` also ``"class_values": {base: (N, num_classes-1) tensor}`` and ``"present"``
+        ((N, num_classes-1) bool) for callers that reduce mixtures of models themselves (FedSM).
     """
     if task not in TASKS:
         raise MedflareError(f"unknown task '{task}' (known: {sorted(TASKS)})")
@@ -194,6 +243,9 @@ def evaluate(
     forward = predict if predict is not None else model
     was_training = model.training if model is not None else None
     per_case: list[dict[str, Any]] = []
+    class_values: dict[str, list[torch.Tensor]] = {}  # segmentation: {base metric: [(B, num_classes-1) per batch]}
+    present: list[torch.Tensor] = []  # per batch (B, num_classes-1): class in prediction or label
+    seen: list[torch.Tensor] = []  # per batch (B, num_classes-1): class in label
     try:
         if model is not None:
             model.eval()
@@ -207,23 +259,43 @@ def evaluate(
                 if task == "segmentation":
                     if label.ndim == images.ndim - 1:
                         label = label.unsqueeze(1)
+                    names = _case_names(batch, label.shape[0], len(per_case))
+                    _check_label_range(label, num_classes, names)
                     pred = logits_to_label_map(output, num_classes)
                     pred, label = check_label_maps(pred, label, num_classes, device=pred.device)
                     case_spacing = spacing if spacing is not None else batch.get("spacing")
-                    rows = _segmentation_scores(pred, label, num_classes, metrics, case_spacing)
+                    rows, batch_values, (batch_present, batch_seen) = _segmentation_scores(pred, label, num_classes, metrics, case_spacing)
+                    for base, v in batch_values.items():
+                        class_values.setdefault(base, []).append(v)
+                    present.append(batch_present)
+                    seen.append(batch_seen)
                 else:
                     pred = to_class_labels(output).cpu()
                     label = label.reshape(-1).long().cpu()
                     if pred.shape != label.shape:
                         raise MedflareError(f"evaluate: 'label' has {label.numel()} entries but the batch has {pred.numel()} predictions")
                     rows = [{"accuracy": float(p == t), "label": t, "pred": p} for p, t in zip(pred.tolist(), label.tolist())]
-                for name, row in zip(_case_names(batch, len(rows), len(per_case)), rows):
+                    names = _case_names(batch, len(rows), len(per_case))
+                for name, row in zip(names, rows):
                     per_case.append({"name": name, **row})
     finally:
         if model is not None and was_training:
             model.train()
+    per_class = _reduce_classes(metrics, per_case, class_values, present)
+    if task == "segmentation":  # each case's metrics in the order asked
+        per_case = [{"name": row["name"], **{name: row[name] for name in metrics}} for row in per_case]
     mean: dict[str, float] = {}
     nan_count: dict[str, int] = {}
     for name in metrics:
         mean[name], nan_count[name] = nanmean_with_count([row[name] for row in per_case])
-    return {"mean": mean, "per_case": per_case, "nan_count": nan_count, "num_cases": len(per_case)}
+    out = {"mean": mean, "per_case": per_case, "nan_count": nan_count, "num_cases": len(per_case)}
+    if task == "segmentation":
+        where = torch.cat(present) if present else torch.zeros(0, num_classes - 1, dtype=torch.bool)
+        in_label = torch.cat(seen).any(0) if seen else torch.zeros(num_classes - 1, dtype=torch.bool)
+        out["per_class"] = per_class
+        out["absent_classes"] = [k + 1 for k in range(num_classes - 1) if not bool(where[:, k].any())]
+        out["unseen_classes"] = [k + 1 for k in range(num_classes - 1) if not bool(in_label[k])]
+        if keep_class_values:
+            out["class_values"] = {base: torch.cat(parts) for base, parts in class_values.items()}
+            out["present"] = where
+    return out

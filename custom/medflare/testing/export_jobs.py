@@ -24,7 +24,20 @@ EXPORTED = ("meta.json", "app")
 def export(name: str, out_dir: Path) -> Path:
     """Export recipe ``name`` with its defaults into ``out_dir/<name>``; returns that folder."""
     RECIPES[name]().export(str(out_dir))
+    sort_filter_tasks(out_dir / name)
     return out_dir / name
+
+
+def sort_filter_tasks(job: Path) -> None:
+    """Sort the ``tasks`` of every filter chain in the job's configs: FLARE's job API keeps them as a set, so their
+    exported order changes from one Python process to the next (string hashing) and the export would not be stable."""
+    for path in job.glob("app*/config/config_fed_*.json"):
+        config = json.loads(path.read_text())
+        chains = [c for key in ("task_data_filters", "task_result_filters") for c in config.get(key, [])]
+        if chains:
+            for chain in chains:
+                chain["tasks"] = sorted(chain.get("tasks", []))
+            path.write_text(json.dumps(config, indent=4))
 
 
 def files_of(job: Path) -> dict[str, object]:

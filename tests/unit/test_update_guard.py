@@ -1,0 +1,201 @@
+"""The server's update guard: screening rules (plain numpy/torch) and the FLARE result filter on shareables."""
+
+import numpy as np
+import pytest
+import torch
+from nvflare.apis.dxo import DXO, DataKind, from_shareable
+from nvflare.apis.fl_constant import FLContextKey, ReservedKey, ReturnCode
+from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import make_reply
+from nvflare.app_common.aggregators.weighted_aggregation_helper import WeightedAggregationHelper
+from nvflare.app_common.app_constant import AppConstants
+
+from medflare import ConfigError
+from medflare.common.payload import collection
+from medflare.common.result_guard import UPDATE_REFUSED, UpdateGuard, dxo_parts
+from medflare.common.tracking import SERVER_EVENT_TYPE
+from medflare.common.update_guard import NormRule, Part, UpdateScreen, nonfinite_parts, nonfinite_paths, tree_norm
+from medflare.testing.poison import PoisonFilter
+
+
+def diff(value, n=4):
+    return Part("WEIGHT_DIFF", {"w": np.full(n, value, dtype=np.float32), "count": np.array(3, dtype=np.int64)})
+
+
+# ---- screening functions ---------------------------------------------------------------------------
+def test_nonfinite_paths_finds_nan_and_inf_in_arrays_and_tensors_at_any_depth():
+    tree = {"a": np.array([1.0, np.nan]), "b": {"c": torch.tensor([0.0, float("inf")]), "d": [np.zeros(2), np.array([-np.inf])]},
+            "ok": np.ones(3)}
+    assert nonfinite_paths(tree) == ["a", "b.c", "b.d[1]"]
+
+
+def test_integers_and_python_scalars_are_untouched():
+    """Integer arrays cannot hold NaN; python floats (e.g. a metric) are not payload arrays."""
+    assert nonfinite_paths({"n": np.array([2**62], dtype=np.int64), "t": torch.tensor([7]), "hd95": float("nan")}) == []
+    assert tree_norm({"n": np.array([100], dtype=np.int64), "w": np.array([3.0, 4.0], dtype=np.float32)}) == pytest.approx(5.0)
+
+
+def test_tree_norm_by_hand():
+    assert tree_norm({"a": np.array([1.0, 2.0]), "b": {"c": torch.tensor([2.0], dtype=torch.float16)}}) == pytest.approx(3.0)
+
+
+def test_collection_parts_and_meta_are_screened_but_metrics_are_not():
+    parts = {"weights": diff(0.1), "stats": Part("STATISTICS", {"mean": np.array([np.nan])}),
+             "scores": Part("METRICS", {"hd95": np.array([np.inf])}),
+             "": Part("WEIGHT_DIFF", {"w": np.ones(2)}, meta={"scaffold_c_diff": {"w": np.array([np.nan])}})}
+    assert nonfinite_parts(parts) == ["stats:mean", "meta.scaffold_c_diff.w"]
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_screen_refuses_nan_and_inf(bad):
+    screen = UpdateScreen()
+    reason = screen.screen("train", 0, {"": diff(bad)})
+    assert reason is not None and "NaN/Inf" in reason and "'w'" in reason
+
+
+def test_norm_rule_median_multiple_by_hand():
+    """Reference = norms accepted this round + last round's; refused = norm > ratio x median; refused norms never join."""
+    rule = NormRule(max_ratio=10)
+    assert rule.check(0, 100.0) is None  # the job's first result has no reference
+    rule.accept(100.0)
+    assert rule.check(0, 1001.0) is not None  # 1001 > 10 x 100
+    assert rule.check(0, 1000.0) is None  # equal to the bound passes
+    rule.accept(2.0)
+    rule.accept(4.0)  # round 0 accepted [100, 2, 4] -> median 4
+    assert rule.reference(1) == [100.0, 2.0, 4.0]  # round 1 starts with round 0's norms
+    assert rule.check(1, 41.0) is not None and rule.check(1, 40.0) is None
+    rule.accept(1.0)
+    rule.accept(1.0)
+    assert rule.reference(1) == [1.0, 1.0, 100.0, 2.0, 4.0]  # median 2
+    assert rule.check(1, 21.0) is not None
+    assert rule.reference(2) == [1.0, 1.0]  # round 2: round 1's accepted norms only
+
+
+def test_screen_refuses_an_outlier_and_keeps_it_out_of_the_reference():
+    screen = UpdateScreen(max_norm_ratio=10)
+    assert screen.screen("train", 0, {"": diff(1.0)}) is None
+    refused = screen.screen("train", 0, {"": diff(1e4)})
+    assert refused is not None and "x median" in refused
+    assert screen.screen("train", 0, {"": diff(1e4)}) is not None  # the refused norm did not raise the bar
+    assert screen.screen("other", 0, {"": diff(1e4)}) is None  # each task has its own reference
+
+
+def test_screen_norm_rule_per_part_and_off_switch():
+    screen = UpdateScreen(max_norm_ratio=10)
+    assert screen.screen("train", 0, {"weights": diff(1.0), "head": diff(1.0)}) is None
+    reason = screen.screen("train", 0, {"weights": diff(1.0), "head": diff(1e3)})
+    assert reason is not None and reason.startswith("head:")
+    # the refused result's 'weights' norm did not join the reference either
+    assert screen.rules[("train", "weights")].current == [pytest.approx(2.0)]
+    off = UpdateScreen(max_norm_ratio=0)
+    off.screen("train", 0, {"": diff(1.0)})
+    assert off.screen("train", 0, {"": diff(1e9)}) is None
+    assert off.screen("train", 0, {"": diff(np.nan)}) is not None  # finiteness is always checked
+
+
+def test_zero_median_disables_the_rule_and_full_weights_are_screened():
+    screen = UpdateScreen()
+    assert screen.screen("train", 0, {"": diff(0.0)}) is None
+    assert screen.screen("train", 0, {"": diff(5.0)}) is None
+    weights = UpdateScreen()
+    assert weights.screen("t", 0, {"": Part("WEIGHTS", {"w": np.ones(4)})}) is None
+    assert weights.screen("t", 0, {"": Part("WEIGHTS", {"w": np.full(4, 100.0)})}) is not None
+    assert weights.screen("t", 0, {"": Part("APP_DEFINED", {"x": np.full(4, 1e9)})}) is None  # no norm rule off weights
+
+
+@pytest.mark.parametrize("bad", [0.5, -1, True, "10"])
+def test_bad_ratio_is_a_config_error(bad):
+    with pytest.raises(ConfigError, match="max_norm_ratio"):
+        UpdateScreen(bad)
+
+
+# ---- the FLARE filter ------------------------------------------------------------------------------
+class Engine:
+    """Records the events a component fires (the TensorBoard scalars go out as analytics events)."""
+
+    def __init__(self):
+        self.events = []
+
+    def fire_event(self, event_type, fl_ctx):
+        data = fl_ctx.get_prop(FLContextKey.EVENT_DATA)
+        if event_type == SERVER_EVENT_TYPE:
+            dxo = from_shareable(data)
+            self.events.append((dxo.data["track_key"], dxo.data["track_value"], dxo.data.get("global_step")))
+
+
+def context(site, engine):
+    ctx = FLContext()
+    ctx.set_prop(ReservedKey.ENGINE, engine, private=True, sticky=False)
+    peer = FLContext()
+    peer.set_prop(ReservedKey.IDENTITY_NAME, site, private=False, sticky=False)
+    ctx.set_peer_context(peer)
+    ctx.set_prop(FLContextKey.TASK_NAME, "train", private=True, sticky=False)
+    return ctx
+
+
+def result(dxo, rnd):
+    s = dxo.to_shareable()
+    s.add_cookie(AppConstants.CONTRIBUTION_ROUND, rnd)
+    return s
+
+
+def test_filter_passes_good_results_refuses_bad_ones_and_names_the_site(caplog):
+    guard, engine = UpdateGuard(), Engine()
+    ok = result(DXO(DataKind.WEIGHT_DIFF, data={"w": np.ones(3, dtype=np.float32)}), 1)
+    assert guard.process(ok, context("site-1", engine)) is ok
+    nan = result(collection({"weights": DXO(DataKind.WEIGHT_DIFF, data={"global.w": np.array([np.nan])}),
+                             "stats": DXO(DataKind.STATISTICS, data={"m": np.zeros(2)})}), 1)
+    with caplog.at_level("ERROR"):
+        out = guard.process(nan, context("site-2", engine))
+    assert out.get_return_code() == UPDATE_REFUSED
+    assert out.get_cookie(AppConstants.CONTRIBUTION_ROUND) == 1  # the workflow still knows which round it answers
+    with pytest.raises(ValueError):
+        from_shareable(out)  # no payload left to aggregate
+    assert "site 'site-2'" in caplog.text and "round 1" in caplog.text and "weights:global.w" in caplog.text
+    assert engine.events == [("guard/refused/site-1", 0.0, 1), ("guard/refused/site-2", 1.0, 1)]
+    big = result(DXO(DataKind.WEIGHT_DIFF, data={"w": np.full(3, 1e3, dtype=np.float32)}), 1)
+    assert guard.process(big, context("site-3", engine)).get_return_code() == UPDATE_REFUSED
+
+
+def test_filter_leaves_error_replies_and_disabled_guard_alone():
+    engine = Engine()
+    err = make_reply(ReturnCode.EXECUTION_EXCEPTION)
+    assert UpdateGuard().process(err, context("site-1", engine)) is err
+    nan = result(DXO(DataKind.WEIGHT_DIFF, data={"w": np.array([np.nan])}), 0)
+    assert UpdateGuard(enabled=False).process(nan, context("site-1", engine)) is nan
+    assert engine.events == []
+
+
+def test_dxo_parts_flattens_nested_collections():
+    inner = collection({"a": DXO(DataKind.WEIGHTS, data={"w": np.ones(1)})})
+    parts = dxo_parts(collection({"outer": inner, "m": DXO(DataKind.METRICS, data={"dice": 0.5})}, meta={"k": 1}))
+    assert {k: p.kind for k, p in parts.items()} == {"outer/a": "WEIGHTS", "m": "METRICS", "meta": ""}
+
+
+# ---- the control, at unit level: the poison is real, and the guard is what stops it ----------------
+def site_context(site, engine):
+    ctx = context(site, engine)
+    ctx.set_prop(ReservedKey.IDENTITY_NAME, site, private=False, sticky=False)  # what the site's own filter sees
+    return ctx
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_poisoned_site_makes_fedavg_nan_unless_the_guard_refuses_it(guarded):
+    """Three sites' WEIGHT_DIFFs, site-3's through the test PoisonFilter, averaged by FLARE's in-time FedAvg helper
+    (what jobs/fedavg runs) with and without the server's UpdateGuard in front: NaN without, the n-weighted mean of the
+    two other sites with."""
+    engine, guard = Engine(), UpdateGuard()
+    poison = PoisonFilter(site="site-3", from_round=0)
+    helper = WeightedAggregationHelper()
+    updates = {"site-1": (np.array([1.0, 2.0], dtype=np.float32), 1), "site-2": (np.array([4.0, 8.0], dtype=np.float32), 3),
+               "site-3": (np.array([2.0, 2.0], dtype=np.float32), 1)}
+    for site, (w, n) in updates.items():
+        sent = poison.process(result(DXO(DataKind.WEIGHT_DIFF, data={"w": w.copy()}), 0), site_context(site, engine))
+        received = guard.process(sent, context(site, engine)) if guarded else sent
+        if received.get_return_code(ReturnCode.OK) == ReturnCode.OK:  # FedAvg skips a result whose code is not OK
+            helper.add(data=from_shareable(received).data, weight=n, contributor_name=site, contribution_round=0)
+    mean = helper.get_result()["w"]
+    if guarded:
+        np.testing.assert_allclose(mean, (1 * updates["site-1"][0] + 3 * updates["site-2"][0]) / 4)
+    else:
+        assert np.isnan(mean).all()

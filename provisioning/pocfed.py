@@ -11,7 +11,9 @@ is never touched), ``root/ws`` (POC workspace: startup kits, the server's job st
 ``root/project.yml`` (provisioning/project.yml cut to n hospitals, on free loopback ports). ``down``
 runs ``nvflare poc stop`` and then kills, by pid, every process whose command line or working
 directory lies under ``root`` (FLARE starts job processes in their own sessions, so stopping the
-parents is not enough after a failed run).
+parents is not enough after a failed run). ``kill(name)`` ends one participant the hard way (SIGKILL of
+its parent and job processes, a crash or power cut) and ``start_participant(name)`` starts it again: what
+tests/poc/test_poc_reliability.py does to a hospital and to the server.
 """
 
 from __future__ import annotations
@@ -96,14 +98,25 @@ def set_server_storage(src: str | Path, dst: str | Path, storage_root: str | Pat
     Path(dst).write_text(json.dumps(res, indent=2))
 
 
+def set_heart_beat_timeout(resources: str | Path, seconds: float) -> None:
+    """Set ``servers[0].heart_beat_timeout`` (seconds of a site's silence before the server drops it) in a server's resources.json."""
+    res = json.loads(Path(resources).read_text())
+    res["servers"][0]["heart_beat_timeout"] = seconds
+    Path(resources).write_text(json.dumps(res, indent=2))
+
+
 class PocFederation:
     """One POC federation under ``root`` (see the module docstring). Use as a context manager: always stopped."""
 
     def __init__(
-        self, root: str | Path, n_sites: int = 2, data_dir: str | Path | None = None, templates: bool = True, owner_pid: int | None = None
+        self, root: str | Path, n_sites: int = 2, data_dir: str | Path | None = None, templates: bool = True, owner_pid: int | None = None,
+        heart_beat_timeout: float | None = None,
     ):
-        """``owner_pid``: the process whose death makes this federation stale (tests pass their own pid)."""
+        """``owner_pid``: the process whose death makes this federation stale (tests pass their own pid);
+        ``heart_beat_timeout``: seconds of silence after which the server drops a site (default: the server
+        template's, see provisioning/README.md §10; tests that kill a site pass less)."""
         self.root = Path(root).resolve()
+        self.heart_beat_timeout = heart_beat_timeout
         self.owner_pid = owner_pid
         self.n_sites = n_sites
         self.data_dir = data_dir
@@ -173,6 +186,8 @@ class PocFederation:
         self._nvflare("poc", "prepare", "-i", str(self.project_file), "--force", timeout=180)
         if self.templates:
             install_templates(self.kit(self.server), "server", storage_root=self.root / "storage")
+            if self.heart_beat_timeout is not None:
+                set_heart_beat_timeout(self.kit(self.server) / "local" / "resources.json", self.heart_beat_timeout)
             for site in self.sites:
                 install_templates(self.kit(site), "site", data_dir=self.data_dir)
         else:  # still keep the job store out of /tmp/nvflare, shared by every POC on the machine
@@ -181,19 +196,55 @@ class PocFederation:
 
     def start(self, timeout: float = 180) -> None:
         """nvflare poc start (server and clients), then wait until every site is connected."""
-        self._nvflare("poc", "start", "--timeout", str(int(timeout)), timeout=timeout + 60)
+        # --no-wait: FLARE's own readiness check logs in with a 1 s connection timeout, which a loaded machine
+        # misses until its deadline; wait_connected() waits with the Session API instead
+        self._nvflare("poc", "start", "--no-wait", timeout=120)
+        self.wait_connected(self.sites, timeout)
+
+    def start_participant(self, name: str, timeout: float = 180, wait_for: list[str] | None = None) -> None:
+        """Start one participant again (``nvflare poc start -p``), e.g. after kill(), and wait until the sites
+        ``wait_for`` are connected: by default the site itself, or for the server every site ([] = until the
+        server answers the admin)."""
+        self._nvflare("poc", "start", "-p", name, "--no-wait", timeout=120)
+        self.wait_connected(wait_for if wait_for is not None else self.sites if name == self.server else [name], timeout)
+
+    def wait_connected(self, sites: list[str], timeout: float = 180) -> None:
+        """Wait until the server answers the admin and lists every one of ``sites`` as connected."""
         deadline = time.time() + timeout
-        sess = self.session()
-        try:
-            while True:
-                connected = {c.name for c in sess.get_connected_client_list()}
-                if set(self.sites) <= connected:
-                    return
+        connected: set[str] = set()
+        while True:
+            try:
+                sess = self.session(timeout=min(20.0, max(5.0, deadline - time.time())))  # a fresh login per try
+                try:
+                    while True:
+                        connected = {c.name for c in sess.get_connected_client_list()}
+                        if set(sites) <= connected:
+                            return
+                        if time.time() > deadline:
+                            break
+                        time.sleep(1)
+                finally:
+                    sess.close()
+            except Exception:  # noqa: BLE001 - the server is not up yet: try again until the deadline
                 if time.time() > deadline:
-                    raise TimeoutError(f"sites {sorted(set(self.sites) - connected)} not connected after {timeout:.0f} s")
+                    raise
                 time.sleep(1)
-        finally:
-            sess.close()
+            if time.time() > deadline:
+                raise TimeoutError(f"sites {sorted(set(sites) - connected)} not connected after {timeout:.0f} s")
+
+    def kill(self, name: str) -> list[int]:
+        """SIGKILL every process of participant ``name`` (its parent process and its job processes), as a crash
+        or a power cut would end them; returns their pids. Nothing of it is told first."""
+        pids = self.pids(self.kit(name))
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        deadline = time.time() + 10
+        while any(Path(f"/proc/{p}").exists() and not _is_zombie(p) for p in pids) and time.time() < deadline:
+            time.sleep(0.1)
+        return pids
 
     def session(self, user: str | None = None, timeout: float = 60):
         """A FLARE Session API session as ``user`` (default: the project admin)."""

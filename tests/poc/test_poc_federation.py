@@ -10,7 +10,6 @@ through the sites' class_allow_list.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -23,12 +22,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from medflare.cli import main as medflare_main
 from medflare.common.results import load_result, read_checkpoint
 from medflare.testing.jobconfig import customize_job
 from medflare.common.persistence import model_from_preset
 from medflare.fedsm.supermodel import BEST_SUPER_MODEL_FILE, SUPER_MODEL_FILE
 from medflare.testing.simrun import read_scalars
+
+from . import pocfed, poc_federation
 
 pytestmark = [pytest.mark.slow, pytest.mark.poc, pytest.mark.timeout(900)]
 
@@ -39,41 +39,13 @@ JOB_TIMEOUT = 420  # s per job; they share 2 cores with each other and with what
 DEAD_BOUND = 90  # s from killing a site's job process to the job's terminal state
 
 
-def _load_pocfed():
-    spec = importlib.util.spec_from_file_location("pocfed", REPO / "provisioning" / "pocfed.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["pocfed"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-pocfed = _load_pocfed()
 
 
 # ---- the federation and its jobs -------------------------------------------------------------
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory):
-    stale = pocfed.kill_stale_test_federations()  # of earlier runs killed before their teardown
-    if stale:
-        print(f"killed processes of stale POC federations: {stale}")
-    root = tmp_path_factory.mktemp("poc")
-    federation = pocfed.PocFederation(root / "fed", n_sites=2, data_dir=root / "data", owner_pid=os.getpid())
-    old_home = os.environ.get("HOME")
-    os.environ["HOME"] = str(federation.home)  # the Session API in this process: nothing under the user's ~
-    try:
-        federation.prepare()
-        assert medflare_main(["data", "--preset", PRESET, "--sites", ",".join(federation.sites), "--out", str(root / "data")]) == 0
-        federation.start(timeout=180)
-        federation.data = root / "data"
-        federation.jobs_dir = root / "jobs"
-        federation.results = root / "results"
+    with poc_federation(tmp_path_factory, PRESET, n_sites=2) as federation:
         yield federation
-    finally:
-        federation.stop()
-        if old_home is not None:
-            os.environ["HOME"] = old_home
-        leftovers = federation.pids()
-        assert not leftovers, f"POC processes left running: {leftovers}"
 
 
 def _job(fed, src: str, name: str, *, rounds=ROUNDS, sites=None, scope=None, byoc=False, client_component=None):
@@ -237,8 +209,9 @@ def test_fedavg_through_the_admin_api(fed, jobs, sess, tmp_path):
         result = load_result(ws / "app_server" / name)
         assert result.kind == "model" and result.description["preset"] == PRESET
     scalars = read_scalars(ws / "tb_events")
-    assert set(scalars) == set(fed.sites), scalars.keys()
-    for site, tags in scalars.items():
+    # one folder per site, and the server's own (its update guard's scalars) under the project's name
+    assert set(scalars) - {fed.project["name"]} == set(fed.sites), scalars.keys()
+    for site, tags in ((s, scalars[s]) for s in fed.sites):
         assert [s for s, _ in tags["val_global/dice"]] == list(range(ROUNDS)), (site, tags.keys())
         assert len(tags["train_loss"]) == ROUNDS
     # the federation trained: the saved global model is not the initial one every site started from

@@ -150,3 +150,57 @@ def test_project_provisions_a_kit_per_hospital_and_admin(tmp_path):
         assert gpus == c.get("capacity", {}).get("num_of_gpus", 0)
     for p in parts:
         assert (prod / p["name"] / "startup").is_dir(), p["name"]
+    _check_production_settings(project, prod)
+
+
+ROLES = ("project_admin", "org_admin", "lead", "member")  # the roles FLARE's authorization knows
+
+
+def _keys(tree):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield str(k)
+            yield from _keys(v)
+    elif isinstance(tree, list):
+        for v in tree:
+            yield from _keys(v)
+
+
+def _check_production_settings(project: dict, prod: Path) -> None:
+    """What a security reviewer checks in project.yml and the kits it provisions (provisioning/README.md §2, §8)."""
+    parts = project["participants"]
+    # no secret of any kind in the project file: admins and sites authenticate with their kit's certificate
+    secrets = [k for k in _keys(project) if any(w in k.lower() for w in ("password", "passwd", "secret", "token", "api_key"))]
+    assert not secrets, f"project.yml holds credentials: {secrets}"
+    # mutual TLS everywhere, stated explicitly and rendered into every kit
+    server = next(p for p in parts if p["type"] == "server")
+    assert server.get("connection_security") == "mtls"
+    assert all(p.get("connection_security", "mtls") == "mtls" for p in parts)
+    static = next(b for b in project["builders"] if b["path"].endswith("StaticFileBuilder"))
+    assert static["args"].get("require_signed_jobs") is True
+    assert any(b["path"].endswith("CertBuilder") for b in project["builders"])
+    for p in parts:
+        kit = prod / p["name"] / "startup"
+        config = json.loads(next(kit.glob("fed_*.json")).read_text())
+        assert '"connection_security": "mtls"' in json.dumps(config), p["name"]
+        assert (kit / "rootCA.pem").is_file() and list(kit.glob("*.key")), f"{p['name']}: no certificate and key"
+        if p["type"] != "admin":
+            assert config.get("require_signed_jobs") is True, p["name"]
+    # one role per admin, the roles FLARE's authorization knows; exactly one project admin
+    admins = [p for p in parts if p["type"] == "admin"]
+    assert all(p["role"] in ROLES for p in admins), [(p["name"], p["role"]) for p in admins]
+    assert {p["role"] for p in admins} == set(ROLES)
+    assert sum(p["role"] == "project_admin" for p in admins) == 1
+    # the kits' local/ after install-templates (README §5): our policy, every role known, BYOC for no one
+    # (the provisioned authorization.json.default is FLARE's, which lets project_admin and lead run BYOC)
+    from . import pocfed
+
+    for p in parts:
+        if p["type"] == "admin":
+            continue
+        pocfed.install_templates(prod / p["name"], "server" if p["type"] == "server" else "site")
+        perms = json.loads((prod / p["name"] / "local" / "authorization.json").read_text())["permissions"]
+        assert set(perms) == set(ROLES), p["name"]
+        assert all(r == "none" or (isinstance(r, dict) and r.get("byoc", "none") == "none") for r in perms.values()), p["name"]
+    readme = (REPO / "provisioning" / "README.md").read_text()
+    assert all(f"| {role} |" in readme for role in ROLES), "provisioning/README.md §8 lacks a role's row"

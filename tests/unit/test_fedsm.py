@@ -303,10 +303,12 @@ def test_aggregate_models_with_a_missing_site_hand_computed():
     new_global, new_person = aggregate_models(_params(10), person, replies, sites, lam=0.5)
     # global: 10 + (10*1 + 30*5)/40 = 14 ; personal before SoftPull: s1 1+2=3, s2 4 (kept), s3 7-1=6
     np.testing.assert_allclose(new_global["w"], [14.0, 28.0])
-    # SoftPull lambda 0.5, K=3: own*0.5 + 0.25*others
+    # SoftPull lambda 0.5, K=3: own*0.5 + 0.25*others, the silent site's previous model among the others
     np.testing.assert_allclose(new_person["s1"]["w"][0], 0.5 * 3 + 0.25 * (4 + 6))
-    np.testing.assert_allclose(new_person["s2"]["w"][0], 0.5 * 4 + 0.25 * (3 + 6))
     np.testing.assert_allclose(new_person["s3"]["w"][0], 0.5 * 6 + 0.25 * (3 + 4))
+    # the silent site's personalised model is kept exactly, not pulled towards the others (issue 17)
+    np.testing.assert_array_equal(new_person["s2"]["w"], person["s2"]["w"])
+    assert new_person["s2"]["w"] is not person["s2"]["w"]  # a copy: the caller's state is not aliased
     assert new_global["w"].dtype == np.float32
     with pytest.raises(PayloadError, match="s1"):
         aggregate_models(_params(0), person, {"s1": SiteReply(n=1, diffs={P.GLOBAL: _params(1)})}, sites, 0.5)

@@ -1,8 +1,12 @@
 """One FedSM round on the server, as plain functions: what the controller does with the sites' replies.
 
 - main rounds (Algorithm 1, lines 15-16): the global model moves by the n_k-weighted mean of the answering
-  sites' global diffs; each answering site's personalised model by its own diff, a site that did not answer
-  keeps its previous one; then SoftPull (Eq. 11) over all K; the selector takes the encoder the sites
+  sites' global diffs; each answering site's personalised model by its own diff, then SoftPull (Eq. 11) over
+  all K (a site that did not answer takes part with its previous model); a site that did not answer keeps its
+  previous personalised model exactly: it trained nothing, and pulling it towards the others every round it
+  is away would average it away (after r missed rounds only lambda^r of it would be left), which is what
+  FedSM's personalisation is there to prevent (a deviation from Algorithm 1, which assumes every site
+  answers; see jobs/fedsm/README.md); the selector takes the encoder the sites
   computed their feature Gaussians with (the global model they received) and the Gaussians of the sites
   that answered (a silent site has none for this encoder, so it is not selectable until it answers again);
 - extra rounds (FedSM-extra): the models and Gaussians stay; the head takes one server-side Adam step from
@@ -50,7 +54,8 @@ class SuperState:
 
 def aggregate_models(global_params: Params, person: Mapping[str, Params], replies: Mapping[str, SiteReply], sites: list[str],
                      lam: float) -> tuple[dict[str, np.ndarray], dict[str, dict[str, np.ndarray]]]:
-    """FedAvg of the global diffs (n_k-weighted over answering sites), own diffs, SoftPull over all sites in ``sites`` order."""
+    """FedAvg of the global diffs (n_k-weighted over answering sites), own diffs, SoftPull over all sites in ``sites`` order;
+    a site not in ``replies`` keeps its personalised model unchanged (see the module docstring)."""
     answered = [s for s in sites if s in replies]
     if not answered:
         raise PayloadError("aggregate_models: no site answered")
@@ -59,8 +64,9 @@ def aggregate_models(global_params: Params, person: Mapping[str, Params], replie
             raise PayloadError(f"site '{s}' sent no '{P.GLOBAL}'/'{P.PERSON}' diffs in a main round")
     mean = weighted_mean([replies[s].diffs[P.GLOBAL] for s in answered], [replies[s].n for s in answered])
     new_global = apply_diff(global_params, mean)
-    trained = [apply_diff(person[s], replies[s].diffs[P.PERSON]) if s in replies else dict(person[s]) for s in sites]
-    return new_global, dict(zip(sites, softpull(trained, lam)))
+    trained = [apply_diff(person[s], replies[s].diffs[P.PERSON]) if s in replies else {k: np.array(v, copy=True) for k, v in person[s].items()} for s in sites]
+    pulled = softpull(trained, lam)
+    return new_global, {s: pulled[i] if s in replies else trained[i] for i, s in enumerate(sites)}
 
 
 def refresh_selector(selector: EncoderGaussianSelector, encoder_params: Params, replies: Mapping[str, SiteReply], sites: list[str]) -> list[str]:

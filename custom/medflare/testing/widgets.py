@@ -107,3 +107,79 @@ class PayloadRecorder(_JsonLinesRecorder):
         else:
             row.update(kinds=dxo_kinds(dxo), dxo=describe_dxo(dxo), meta_keys=sorted(dxo.meta or {}))
         self.append(fl_ctx, row)
+
+
+def fingerprint(params) -> dict[str, list[float]]:
+    """``{prefix: [sum, sum of squares]}`` (float64) of the float arrays of a flat params dict, grouped by the key's part
+    before the first "." (FedSM's ``global``, ``person_<i>``, ``select``; one group for a plain model): two equal
+    models have equal fingerprints, and the fingerprint of a weighted mean is the weighted mean of the sums."""
+    import numpy as np
+
+    out: dict[str, list[float]] = {}
+    for key, value in (params or {}).items():
+        arr = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+        if not np.issubdtype(arr.dtype, np.floating):
+            continue
+        acc = out.setdefault(str(key).partition(".")[0], [0.0, 0.0])
+        acc[0] += float(arr.sum(dtype=np.float64))
+        acc[1] += float(np.square(arr, dtype=np.float64).sum())
+    return out
+
+
+def _params_of(obj):
+    """The flat params dict of an FLModel, a ModelLearnable, a DXO or a Shareable holding one (None otherwise)."""
+    from nvflare.app_common.abstract.fl_model import FLModel
+    from nvflare.app_common.abstract.model import ModelLearnableKey
+    from nvflare.apis.shareable import Shareable
+
+    if isinstance(obj, FLModel):
+        return obj.params if isinstance(obj.params, dict) else None
+    if isinstance(obj, Shareable):
+        try:
+            obj = from_shareable(obj)
+        except Exception:  # noqa: BLE001 - not a DXO
+            return None
+    if isinstance(obj, DXO):
+        return obj.data if obj.data_kind != DataKind.COLLECTION else None
+    if isinstance(obj, dict) and ModelLearnableKey.WEIGHTS in obj:
+        return obj[ModelLearnableKey.WEIGHTS]
+    return None
+
+
+class ModelRecorder(_JsonLinesRecorder):
+    """Appends a :func:`fingerprint` of every model the server handles to ``<run dir>/<file_name>`` (JSON lines):
+    ``{"event": "initial"}`` when the workflow loaded its initial model (INITIAL_MODEL_LOADED), ``{"event":
+    "contribution", "site", "round", "n"}`` for every site reply accepted (n: its NUM_STEPS_CURRENT_ROUND weight), and
+    ``{"event": "aggregate", "round"}`` for every aggregation result, each with ``"fingerprint"`` and ``"time"``.
+    Tests read it to check which sites a round aggregated, with which weights, and which models stayed unchanged.
+
+    Args:
+        file_name: file in the job's run folder. Default "models.jsonl".
+    """
+
+    def __init__(self, file_name: str = "models.jsonl"):
+        super().__init__(file_name)
+
+    def handle_event(self, event_type: str, fl_ctx: FLContext) -> None:
+        from nvflare.apis.fl_constant import FLMetaKey
+
+        row = {"round": fl_ctx.get_prop(AppConstants.CURRENT_ROUND), "time": time.time()}
+        if event_type == AppEventType.INITIAL_MODEL_LOADED:
+            row.update(event="initial", fingerprint=fingerprint(_params_of(fl_ctx.get_prop(AppConstants.GLOBAL_MODEL))))
+        elif event_type == AppEventType.AFTER_AGGREGATION:
+            row.update(event="aggregate", fingerprint=fingerprint(_params_of(fl_ctx.get_prop(AppConstants.AGGREGATION_RESULT))))
+        elif event_type == AppEventType.BEFORE_CONTRIBUTION_ACCEPT:
+            peer = fl_ctx.get_peer_context()
+            shareable = peer.get_prop(FLContextKey.SHAREABLE) if peer is not None else None
+            if shareable is None:
+                return
+            try:
+                dxo = from_shareable(shareable)
+            except Exception:  # noqa: BLE001 - not a DXO: the site is still recorded
+                dxo = None
+            row.update(event="contribution", site=peer.get_identity_name(default="?"),
+                       n=(dxo.meta or {}).get(FLMetaKey.NUM_STEPS_CURRENT_ROUND) if dxo is not None else None,
+                       fingerprint=fingerprint(_params_of(dxo)))
+        else:
+            return
+        self.append(fl_ctx, row)

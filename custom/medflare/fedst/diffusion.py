@@ -229,9 +229,9 @@ def generator_optimizer(generator: StyleGenerator, cfg: Mapping[str, Any]) -> to
 
     Why two rates: at a site the domain vector never changes, so the site's style can be learnt either by its domain
     column or by the shared layers; what goes into the shared layers is averaged back towards the mean style by the
-    server, only the domain column keeps it. A larger rate for the domain module favours the column. Measured so far
-    (benchmarks/RESULTS_fedst.md): trained centrally on both sites' batches in turn, the domain module separates the
-    two styles at either rate; in the federated tiny e2e run the joint generator still draws the average style.
+    server, only the domain column keeps it. A larger rate for the domain module favours the column. Measured
+    (benchmarks/RESULTS_fedst.md): the rate alone does not make the federated generator separate the styles (10x and
+    50x did not, with 40 local steps per average); averaging every few local steps (``sync_steps``) does, at either rate.
     """
     cfg = diffusion_config(cfg)
     domain = [p for name, p in generator.named_parameters() if name.startswith("modulation.")]

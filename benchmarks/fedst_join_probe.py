@@ -28,7 +28,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch

@@ -358,13 +358,14 @@ def _fedst(base: str, overrides: Mapping, diffusion: Mapping, rounds: int) -> di
 
 # Laptop default: 64x64 sites, a 4-level generator (8..32 channels, 0.26M parameters), rectified flow with 20 Euler
 # steps (on these sites it draws images a segmentation model reads as well as real ones in 10-20 steps, where DDIM
-# with the same training budget does not; benchmarks/RESULTS_fedst.md).
+# with the same training budget does not; benchmarks/RESULTS_fedst.md). FedST-join averages its generator every 5 local
+# steps (sync_steps; with 40-80 local steps per average it draws the mean of the sites' styles for every domain vector).
 PRESETS["fedst"] = _fedst(
     "seg_synthetic", {"train": {"epochs": 2, "batch_size": 8, "lr": 3e-3}},
     {"generator": {"channels": [8, 16, 32, 32], "num_res_blocks": 1, "attention_levels": [False, False, False, False],
                    "norm_num_groups": 8, "num_head_channels": 8},
      "scheduler": "rflow", "prediction": "epsilon", "train_timesteps": 1000, "sampler": "ddim", "sample_steps": 20,
-     "lr": 2e-3, "domain_lr": 2e-2, "batch_size": 8, "warmup_steps": 800, "steps_per_round": 100, "warmup_rounds": 3,
+     "lr": 2e-3, "domain_lr": 2e-2, "batch_size": 8, "warmup_steps": 800, "steps_per_round": 100, "sync_steps": 5, "warmup_rounds": 3,
      "num_synthetic": 0, "sample_batch": 32},
     rounds=8,
 )
@@ -375,11 +376,12 @@ PRESETS["fedst_tiny"] = _fedst(
     {"generator": {"channels": [8, 16, 16], "num_res_blocks": 1, "attention_levels": [False, False, False],
                    "norm_num_groups": 4, "num_head_channels": 4},
      "scheduler": "rflow", "prediction": "epsilon", "train_timesteps": 1000, "sampler": "ddim", "sample_steps": 10,
-     "lr": 2e-3, "domain_lr": 2e-2, "batch_size": 8, "warmup_steps": 160, "steps_per_round": 80, "warmup_rounds": 2,
+     "lr": 2e-3, "domain_lr": 2e-2, "batch_size": 8, "warmup_steps": 160, "steps_per_round": 80, "sync_steps": 5, "warmup_rounds": 2,
      "num_synthetic": 0, "sample_batch": 32},
     rounds=3,
 )
-# Paper scale (Ma et al. 2024, medical task): 384x384, batch 6, Adam 1e-4, 50 rounds, 1 local epoch; the generator is
+# Paper scale (Ma et al. 2024, medical task): 384x384, batch 6, Adam 1e-4, 50 rounds, 1 local epoch (FedST-join's generator
+# averaged once per round as in the paper: sync_steps 0, not measured at this scale); the generator is
 # Palette's UNet (base 64, multipliers 1-2-4-8, 2 residual blocks, attention at 1/16 resolution -> 24x24 here), 1000
 # ancestral DDPM sampling steps, Adam 5e-5. The segmentation UNet stays MONAI's (5 levels, 32..512).
 PRESETS["fedst_paper"] = _fedst(
@@ -390,7 +392,7 @@ PRESETS["fedst_paper"] = _fedst(
     {"generator": {"channels": [64, 128, 256, 512], "num_res_blocks": 2, "attention_levels": [False, False, False, True],
                    "norm_num_groups": 32, "num_head_channels": 32},
      "scheduler": "ddpm", "prediction": "epsilon", "train_timesteps": 1000, "sampler": "ddpm", "sample_steps": 1000,
-     "lr": 5e-5, "domain_lr": 5e-4, "batch_size": 6, "warmup_steps": 20000, "steps_per_round": 400, "warmup_rounds": 10,
+     "lr": 5e-5, "domain_lr": 5e-4, "batch_size": 6, "warmup_steps": 20000, "steps_per_round": 400, "sync_steps": 0, "warmup_rounds": 10,
      "num_synthetic": 0, "sample_batch": 8},
     rounds=50,
 )

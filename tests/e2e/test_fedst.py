@@ -1,12 +1,12 @@
 """FedST-separate and FedST-join in the FLARE simulator on the tiny preset, two sites of inverted contrast (site-1 and
 site-2, the paper's CT vs MR setting).
 
-Each run checks artifacts, not only FLARE's return code: the generator's L_simple falls; (FedST-separate only: FedST-join
-does not yet transfer style at this budget, jobs/fedst_join/README.md) the images a site drew in the other site's style
-follow the label maps they were drawn from (a segmentation model trained on the other site's REAL
+Each run checks artifacts, not only FLARE's return code: the generator's L_simple falls; the images a site drew in the
+other site's style follow the label maps they were drawn from (a segmentation model trained on the other site's REAL
 images segments them far better than when scored against other cases' label maps); the segmentation model learns;
 the byte ledger matches the communication-cost formula; the saved file reloads, `medflare sample` writes NIfTI images
-in a named site's style and `medflare evaluate` scores its segmentation model.
+in a named site's style and `medflare evaluate` scores its segmentation model. FedST-join also: the images a site drew
+in the other site's style have that site's mean intensity in every label class (its domain vector switches the style).
 """
 
 import functools
@@ -19,6 +19,7 @@ import torch
 from medflare.cli import main as medflare_main
 from medflare.common.training import make_loader, make_loss, make_optimizer, train_epochs
 from medflare.data import load_site
+from medflare.fedst.diffusion import exchange_steps
 from medflare.fedst.executor import CACHE_FOLDER
 from medflare.fedst.store import BEST_FILE_OF, FILE_OF, load_fedst_result
 from medflare.metrics import dice
@@ -78,11 +79,20 @@ def _real_segmenter(site):
     return model.eval()
 
 
+def _drawn(run, drawer, style):
+    """The images ``drawer`` drew in ``style``'s style (its cache) and the label maps they were drawn from."""
+    cached = torch.load(run.workspace / drawer / "simulate_job" / f"app_{drawer}" / CACHE_FOLDER / "synthetic" / f"{style}.pt", weights_only=True)
+    return cached["images"], cached["labels"]
+
+
+def _class_means(images, labels):
+    return [float(images[labels == c].mean()) for c in range(3)]
+
+
 def _follows_labels(run, drawer, style):
     """Dice of a model trained on ``style``'s real images on the images ``drawer`` drew in ``style``'s style, against the
     label maps they were drawn from and against other cases' label maps (chance)."""
-    cached = torch.load(run.workspace / drawer / "simulate_job" / f"app_{drawer}" / CACHE_FOLDER / "synthetic" / f"{style}.pt", weights_only=True)
-    images, labels = cached["images"], cached["labels"]
+    images, labels = _drawn(run, drawer, style)
     model = _real_segmenter(style)
     with torch.no_grad():
         pred = model(images).argmax(1, keepdim=True)
@@ -96,6 +106,20 @@ def _check_style_transfer(run):
     for drawer, style in (("site-2", "site-1"), ("site-1", "site-2")):
         matched, shuffled = _follows_labels(run, drawer, style)
         assert matched > 0.45 and matched > shuffled + 0.2, (drawer, style, matched, shuffled)
+
+
+def _check_drawn_style(run):
+    """The images each site drew in the other's style have, in every label class, a mean intensity on the other site's
+    side of the midpoint between the two sites' real means (the sites' contrasts are inverted, so an image in the average
+    style -- what FedST-join drew when its generator was averaged only once per round -- fails every class)."""
+    data = {s: load_site(s, get_preset(PRESET)["data"]).train for s in CLIENTS}
+    real = {s: _class_means(torch.stack([d[i]["image"] for i in range(len(d))]), torch.stack([d[i]["label"] for i in range(len(d))]))
+            for s, d in data.items()}
+    for drawer, style in (("site-2", "site-1"), ("site-1", "site-2")):
+        drawn = _class_means(*_drawn(run, drawer, style))
+        for c in range(3):
+            midpoint = (real[style][c] + real[drawer][c]) / 2
+            assert (drawn[c] - midpoint) * (real[style][c] - real[drawer][c]) > 0, (drawer, style, c, drawn, real)
 
 
 def _check_common(run, variant, tmp_path):
@@ -148,7 +172,11 @@ def test_fedst_separate(separate_run, tmp_path):
 def test_fedst_join_with_percentile_privacy_on_the_generator_diffs(join_run, tmp_path):
     run = join_run
     _check_common(run, "join", tmp_path)
+    _check_drawn_style(run)
+    _check_style_transfer(run)
     # the generator's diffs passed the site's result filter like the segmentation diffs (FLARE's PercentilePrivacy)
     warmup = get_preset(PRESET)["diffusion"]["warmup_rounds"]
-    assert run.log.count("train_generator: site-1 sent") == warmup + ROUNDS
-    assert run.log.count("result filters ['PercentilePrivacy']") >= 2 * len(CLIENTS) * (warmup + ROUNDS) - 2 * warmup
+    exchanges = len(exchange_steps(get_preset(PRESET)["diffusion"])) * (warmup + ROUNDS)  # diffusion.sync_steps splits a round
+    assert exchanges > warmup + ROUNDS
+    assert run.log.count("train_generator: site-1 sent") == exchanges
+    assert run.log.count("result filters ['PercentilePrivacy']") >= len(CLIENTS) * (exchanges + ROUNDS)

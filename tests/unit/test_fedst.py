@@ -17,8 +17,8 @@ from medflare.fedst import comm
 from medflare.fedst import protocol as P
 from medflare.fedst.conditioning import check_domain_vectors, domain_vectors, encode_labels, participation_mean
 from medflare.fedst.controller import FedSTSeparateController
-from medflare.fedst.diffusion import (build_generator, cycle, diffusion_config, generator_args, generator_optimizer, sample_images,
-                                      sampling_scheduler, simple_loss, train_generator, training_scheduler)
+from medflare.fedst.diffusion import (build_generator, cycle, diffusion_config, exchange_steps, generator_args, generator_optimizer,
+                                      sample_images, sampling_scheduler, simple_loss, train_generator, training_scheduler)
 from medflare.fedst.losses import CrossDomainTerm, segmentation_loss
 from medflare.fedst.persistor import fedst_description, fedst_generator_args
 from medflare.fedst.store import check_compatible, load_fedst_result, save_result
@@ -198,6 +198,15 @@ def test_diffusion_config_names_bad_keys():
         diffusion_config({"steps": 3})
     with pytest.raises(ConfigError, match="cannot exceed"):
         diffusion_config({"train_timesteps": 10, "sample_steps": 20})
+
+
+def test_sync_steps_split_a_round_into_exchanges():
+    assert exchange_steps({"steps_per_round": 80, "sync_steps": 5}) == [5] * 16
+    assert exchange_steps({"steps_per_round": 12, "sync_steps": 5}) == [5, 5, 2]
+    assert exchange_steps({"steps_per_round": 80, "sync_steps": 0}) == [80]  # the paper's: one exchange per round
+    assert exchange_steps({"steps_per_round": 3, "sync_steps": 5}) == [3]
+    with pytest.raises(ConfigError, match="'diffusion.sync_steps'"):
+        diffusion_config({"sync_steps": -1})
 
 
 # ---- Eq. 3 ----------------------------------------------------------------------------------------

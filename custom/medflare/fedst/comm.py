@@ -6,8 +6,9 @@ m the number of rounds in which the join generator is exchanged.
 - **separate** (this implementation): whenever the style store is shared, every site uploads its generator
   once (c G) and downloads the c - 1 generators of the others (c (c - 1) G): c^2 G per share. The paper shares
   once; with ``refresh_every`` the store is shared again on every refresh round.
-- **join** (this implementation): every generator round each site downloads the global generator (FULL) and
-  uploads its diff: 2 c G per round, 2 c m G in all.
+- **join** (this implementation): every generator exchange each site downloads the global generator (FULL) and
+  uploads its diff: 2 c G per exchange, 2 c m G in all for m exchanges (``diffusion.sync_steps`` splits a round into
+  several exchanges; with ``sync_steps`` 0 an exchange is a round, as in the paper).
 - **paper** (Eq. 4): join costs c (2m + 1) G (one more download per site than here: the final model is
   distributed once more), separate c^2 G, so join is cheaper iff 2m + 1 < c, i.e. m < (c - 1) / 2. With this
   implementation's join (no final download) the crossover is m < c / 2.
@@ -39,7 +40,7 @@ def separate_generator_bytes(sites: int, generator_bytes: int, shares: int = 1) 
 
 
 def join_generator_bytes(sites: int, rounds: int, generator_bytes: int) -> int:
-    """Generator bytes of FedST-join as implemented: one FULL download and one diff upload per site and round."""
+    """Generator bytes of FedST-join as implemented: one FULL download and one diff upload per site and exchange."""
     _check(sites, rounds, generator_bytes)
     return 2 * sites * rounds * generator_bytes
 

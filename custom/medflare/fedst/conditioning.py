@@ -14,7 +14,12 @@ Plain torch, no FLARE. Two conditionings, as in the paper's Fig. 3:
 
 Aggregation: each site trains the generator with its own domain vector, so the domain module's column for domain k
 receives gradient only at site k. :func:`participation_mean` averages every entry over the sites that changed it, so
-that column keeps site k's whole update instead of n_k / n of it per round.
+that column keeps site k's whole update instead of n_k / n of it per round. That alone does not make the federated
+generator switch style: a site trains under one constant domain vector, so over many local steps its style also goes
+into the shared layers, which the average takes back to the mean style (measured: with 40-80 local steps per average
+the joint generator draws the mean of two inverted styles for either vector). The join job therefore averages every
+``diffusion.sync_steps`` (5) local steps (a deviation from the paper's once per round; see
+:func:`medflare.fedst.diffusion.exchange_steps` and benchmarks/RESULTS_fedst.md).
 
 An all-zero domain vector names no site: the modulation would then be the mapping's bias alone, a
 "style" no site has. :func:`check_domain_vectors` refuses it (ValueError naming the row), as well as

@@ -34,7 +34,7 @@ from medflare.common.workflow import SiteRounds
 from medflare.fedst import comm
 from medflare.fedst import protocol as P
 from medflare.fedst.conditioning import participation_mean
-from medflare.fedst.diffusion import diffusion_config
+from medflare.fedst.diffusion import diffusion_config, exchange_steps
 from medflare.fedst.losses import check_lambda
 from medflare.fedst.persistor import META_CLASSES, META_METRICS, META_ROUND, META_SITES, META_SIZE, META_VERSIONS
 from medflare.presets import get_preset
@@ -303,9 +303,12 @@ class FedSTSeparateController(FedSTController):
 class FedSTJoinController(FedSTController):
     """FedST-join: one generator with a domain vector, trained by FedAvg across sites; segmentation by FedAvg with Eq. 3.
 
-    Every round starts with ``train_generator``: each site receives the global generator (FULL), trains it
-    ``diffusion.steps_per_round`` steps on its own images with its own one-hot domain vector and returns the
-    WEIGHT_DIFF; the server averages the diffs (see below). The first
+    Every round starts with ``train_generator``: each site receives the global generator (FULL), trains it on its own
+    images with its own one-hot domain vector and returns the WEIGHT_DIFF; the server averages the diffs (see below).
+    The round's ``diffusion.steps_per_round`` steps are split into exchanges of ``diffusion.sync_steps`` local steps,
+    each one ``train_generator`` task and one averaging (:func:`~medflare.fedst.diffusion.exchange_steps`; 0 = one
+    exchange per round, the paper's schedule): with many local steps under its constant domain vector a site's style
+    goes into the shared layers and the average draws the mean style for every vector. The first
     ``diffusion.warmup_rounds`` rounds train only the generator; the ``num_rounds`` segmentation rounds follow.
     Sites draw cross-domain images by switching the domain vector; they redraw them every ``refresh_every``
     segmentation rounds (0 = draw once).
@@ -339,16 +342,18 @@ class FedSTJoinController(FedSTController):
                   f"refresh every {self.refresh_every or 'never'}")
         for rnd in range(self.rounds_in_job):
             self.start_round(rnd, self.rounds_in_job)
-            payloads = {s: FLModel(params_type=ParamsType.FULL, params=flatten({P.GEN: self.parts[P.GEN]}), current_round=rnd,
-                                   meta=self._meta(**{P.STEPS: self.diffusion["steps_per_round"]})) for s in self.site_names}
-            results = self._send(self.generator_task, payloads, rnd, "generator")
-            if not results:
-                return
-            for site, res in results.items():
-                self._note_site(site, res)
-            self.parts[P.GEN] = self._combine_generator(results)
+            for exchange, steps in enumerate(exchange_steps(self.diffusion)):
+                payloads = {s: FLModel(params_type=ParamsType.FULL, params=flatten({P.GEN: self.parts[P.GEN]}), current_round=rnd,
+                                       meta=self._meta(**{P.STEPS: steps, P.EXCHANGE: exchange})) for s in self.site_names}
+                results = self._send(self.generator_task, payloads, rnd, "generator")
+                if not results:
+                    return
+                for site, res in results.items():
+                    self._note_site(site, res)
+                self.parts[P.GEN] = self._combine_generator(results)
             losses = {s: (r.meta or {}).get(P.LOSS, {}).get("mean") for s, r in results.items()}
-            self.info(f"round {rnd}: join generator averaged over {sorted(results)}; mean L_simple per site {losses}")
+            self.info(f"round {rnd}: join generator averaged over {sorted(results)} {len(exchange_steps(self.diffusion))} time(s); "
+                      f"mean L_simple per site in the last exchange {losses}")
             if rnd < warmup:
                 self.save_model(self._model(self.metrics, rnd + 1))
                 continue
@@ -367,10 +372,15 @@ class FedSTJoinController(FedSTController):
     def generator_size(self) -> int:
         return nbytes(self.parts[P.GEN])
 
+    @property
+    def exchanges_in_job(self) -> int:
+        """Generator exchanges (download + diff upload per site) in the whole job: ``diffusion.sync_steps`` splits a round."""
+        return self.rounds_in_job * len(exchange_steps(self.diffusion))
+
     def predicted_generator_bytes(self) -> int:
-        return comm.join_generator_bytes(len(self.site_names), self.rounds_in_job, self.generator_size())
+        return comm.join_generator_bytes(len(self.site_names), self.exchanges_in_job, self.generator_size())
 
     def cost_terms(self) -> dict[str, Any]:
-        c, m, g = len(self.site_names), self.rounds_in_job, self.generator_size()
-        return {"generator_rounds": m, "paper_join_bytes": comm.paper_join_bytes(c, m, g),
+        c, m, g = len(self.site_names), self.exchanges_in_job, self.generator_size()
+        return {"generator_rounds": self.rounds_in_job, "generator_exchanges": m, "paper_join_bytes": comm.paper_join_bytes(c, m, g),
                 "separate_bytes_same_sites": comm.separate_generator_bytes(c, g), "eq4_join_cheaper": comm.eq4_join_cheaper(m, c)}

@@ -30,6 +30,15 @@ with y the image (scaled to [-1, 1]), x the encoded label map and t a uniformly 
     warmup_steps:     FedST-separate: local generator steps before the one upload to the style store.
     steps_per_round:  generator steps per round (FedST-join every round; FedST-separate only when the
                       store is refreshed during training, see the controller's ``refresh_every``).
+    sync_steps:       FedST-join: local generator steps between two averagings of the generator. A round's
+                      ``steps_per_round`` steps are split into exchanges of at most ``sync_steps`` steps, each one
+                      download of the global generator, local training and one diff upload per site
+                      (:func:`exchange_steps`); 0 = one exchange per round (the paper's schedule). Why: a site trains
+                      under one constant domain vector, so over many local steps its style goes into the shared
+                      layers, which the server averages back to the mean style; with few local steps per exchange the
+                      federated generator learns both styles and switches with the domain vector as a centrally
+                      trained one does (measured, benchmarks/RESULTS_fedst.md; the paper's Fig. 9d also finds that
+                      longer communication intervals hurt). Costs 2 G per site and exchange.
     warmup_rounds:    FedST-join: rounds in which only the generator is trained (FedAvg), before segmentation.
     num_synthetic:    label maps of a site turned into synthetic images per refresh (0 = all training cases).
     sample_batch:     images denoised together when sampling.
@@ -68,6 +77,7 @@ DIFFUSION_DEFAULTS: dict[str, Any] = {
     "batch_size": 8,
     "warmup_steps": 400,
     "steps_per_round": 100,
+    "sync_steps": 5,
     "warmup_rounds": 2,
     "num_synthetic": 0,
     "sample_batch": 32,
@@ -96,7 +106,7 @@ def diffusion_config(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
     for key in ("train_timesteps", "sample_steps", "batch_size", "sample_batch"):
         if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < 1:
             raise ConfigError(f"'diffusion.{key}' must be an int >= 1, got {out[key]!r}")
-    for key in ("warmup_steps", "steps_per_round", "warmup_rounds", "num_synthetic"):
+    for key in ("warmup_steps", "steps_per_round", "sync_steps", "warmup_rounds", "num_synthetic"):
         if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < 0:
             raise ConfigError(f"'diffusion.{key}' must be an int >= 0, got {out[key]!r}")
     if out["sample_steps"] > out["train_timesteps"]:
@@ -105,6 +115,16 @@ def diffusion_config(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
         if not (isinstance(out[key], (int, float)) and not isinstance(out[key], bool) and out[key] > 0):
             raise ConfigError(f"'diffusion.{key}' must be a positive number, got {out[key]!r}")
     return out
+
+
+def exchange_steps(cfg: Mapping[str, Any]) -> list[int]:
+    """FedST-join: the local steps of each generator exchange in one round -- ``steps_per_round`` split into chunks
+    of ``sync_steps`` (the last one shorter), or one exchange of all of them when ``sync_steps`` is 0."""
+    cfg = diffusion_config(cfg)
+    steps, sync = cfg["steps_per_round"], cfg["sync_steps"]
+    if sync == 0 or sync >= steps:
+        return [steps]
+    return [sync] * (steps // sync) + ([steps % sync] if steps % sync else [])
 
 
 # ---- the network ---------------------------------------------------------------------------------
@@ -209,9 +229,9 @@ def generator_optimizer(generator: StyleGenerator, cfg: Mapping[str, Any]) -> to
 
     Why two rates: at a site the domain vector never changes, so the site's style can be learnt either by its domain
     column or by the shared layers; what goes into the shared layers is averaged back towards the mean style by the
-    server, only the domain column keeps it. A larger rate for the domain module favours the column. Measured so far
-    (benchmarks/RESULTS_fedst.md): trained centrally on both sites' batches in turn, the domain module separates the
-    two styles at either rate; in the federated tiny e2e run the joint generator still draws the average style.
+    server, only the domain column keeps it. A larger rate for the domain module favours the column. Measured
+    (benchmarks/RESULTS_fedst.md): the rate alone does not make the federated generator separate the styles (10x and
+    50x did not, with 40 local steps per average); averaging every few local steps (``sync_steps``) does, at either rate.
     """
     cfg = diffusion_config(cfg)
     domain = [p for name, p in generator.named_parameters() if name.startswith("modulation.")]

@@ -138,12 +138,13 @@ class GeneratorTrainingExecutor(FedSTSiteExecutor):
             self.cache.put_generator(JOIN_KEY, received, rnd)  # the sampler draws with the global generator of this round
             sent = received
         steps = int(meta.get(P.STEPS, self.diffusion["steps_per_round"]))
+        exchange = int(meta.get(P.EXCHANGE, 0))  # FedST-join: several exchanges per round get their own batches and noise
         batch = self.diffusion["batch_size"]
-        batches = cycle(lambda epoch: make_loader(self.data.train, batch, True, seed=stable_seed("fedst-gen", self.seed, rnd, epoch)))
+        batches = cycle(lambda epoch: make_loader(self.data.train, batch, True, seed=stable_seed("fedst-gen", self.seed, rnd, exchange, epoch)))
         tic = time.perf_counter()
         losses = train_generator(
             self.generator, self.scheduler, self.optimizer, batches, steps, domain_index=sites.index(self.site) if join else None,
-            loss=self.diffusion["loss"], device=self.torch_device, seed=stable_seed("fedst-noise", self.seed, self.site, rnd),
+            loss=self.diffusion["loss"], device=self.torch_device, seed=stable_seed("fedst-noise", self.seed, self.site, rnd, exchange),
             should_stop=lambda: abort_signal.triggered,
         )
         seconds = time.perf_counter() - tic

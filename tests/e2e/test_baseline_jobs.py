@@ -51,7 +51,7 @@ def _evaluate(model_file, site, out):
 
 
 def _series(run, tag):
-    return {site: dict(series[tag]) for site, series in run.scalars().items()}
+    return {site: dict(series[tag]) for site, series in run.site_scalars().items()}
 
 
 @pytest.mark.parametrize("job", ["fedavg", "fedprox", "scaffold"])
@@ -60,7 +60,7 @@ def test_segmentation_job_learns_and_persists(runs, tmp_path, job):
     last = run.app_server / "FL_global_model.pt"
     assert last.is_file() and (run.app_server / "best_FL_global_model.pt").is_file()
 
-    scalars = run.scalars()
+    scalars = run.site_scalars()
     assert sorted(scalars) == CLIENTS
     for site, series in scalars.items():
         dice = dict(series["val_global/dice"])
@@ -96,7 +96,7 @@ def test_scaffold_controls_are_nonzero_and_change_the_update(runs):
 
 def test_classification_preset_runs_through_the_same_job(repo, tmp_path):
     run = _run(repo, tmp_path, "fedavg", "cls_synthetic_tiny", rounds=3)
-    for site, series in run.scalars().items():
+    for site, series in run.site_scalars().items():
         acc = dict(series["val_global/accuracy"])
         assert acc[2] > acc[0] + 0.1 and acc[2] > 0.4, f"{site}: accuracy {acc}"
     test = _evaluate(run.app_server / "FL_global_model.pt", "site-1", tmp_path / "eval.json")

@@ -68,7 +68,7 @@ def test_fedsm_learns_and_flare_picks_the_best_super_model(repo, tmp_path):
     assert best_rounds and 0 not in best_rounds, best_rounds
     best = load_super_model(run.app_server / BEST_SUPER_MODEL_FILE)
     assert best.info["round"] == best_rounds[-1]
-    scalars = run.scalars()
+    scalars = run.site_scalars()
     # the mean over sites of the key metric per round (the final model's from the validation round)
     means = {r: float(np.mean([dict(scalars[s][("final/" if r == rounds else "val/") + "own_or_global_dice"]).get(r) for s in CLIENTS]))
              for r in range(1, rounds + 1)}
@@ -110,7 +110,7 @@ def test_fedsm_extra_under_the_sites_strict_scope_with_their_own_statistics_nois
     assert sm.info["round"] == 4 and sm.selector.global_class and float(sm.selector.head_trained) == 1.0
     assert float(sm.selector.present.sum()) == len(CLIENTS) and float(np.abs(state_to_numpy(sm.selector)["head.weight"]).sum()) > 0
     # every site scored the final super model exactly (all personalised models), after the head was trained
-    finals = [dict(series["final/super_dice"])[4] for series in run.scalars().values()]
+    finals = [dict(series["final/super_dice"])[4] for series in run.site_scalars().values()]
     assert len(finals) == len(CLIENTS) and all(0 < f <= 1 for f in finals)
 
 

@@ -123,7 +123,7 @@ def _check_drawn_style(run):
 
 
 def _check_common(run, variant, tmp_path):
-    scalars = run.scalars()
+    scalars = run.site_scalars()
     assert sorted(scalars) == CLIENTS
     for site in CLIENTS:
         curve = [v for _, v in scalars[site]["generator/loss_curve"]]

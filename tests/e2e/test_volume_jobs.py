@@ -49,7 +49,7 @@ def _run(repo, tmp_path, job, workflow_args, preset="seg_volumes_2d", overrides=
 
 def test_fedavg_on_volume_slices_learns_and_writes_back(repo, tmp_path, data):
     run = _run(repo, tmp_path, "fedavg", {"num_clients": len(CLIENTS)})
-    for site, series in run.scalars().items():
+    for site, series in run.site_scalars().items():
         dice = dict(series["val_global/dice"])
         assert dice[ROUNDS - 1] > dice[0] + 0.2 and dice[ROUNDS - 1] > 0.6, f"{site}: per-volume Dice {dice}"
         assert "val_global/hd95" in series and "val_global/surface_dice_2mm" in series
@@ -70,7 +70,7 @@ def test_fedavg_on_volume_slices_learns_and_writes_back(repo, tmp_path, data):
 def test_fedsm_runs_on_volume_slices(repo, tmp_path, data):
     """The FedSM job with only the preset changed: its three models learn on slices and are scored per volume."""
     run = _run(repo, tmp_path, "fedsm", {})
-    for site, series in run.scalars().items():
+    for site, series in run.site_scalars().items():
         # in training rounds a site holds only its own personalised model, so it reports "own or global" (the super
         # model when the selector routes to this site or to the global model); the full super model is scored at the end
         for name in ("val/global_dice", "val/person_dice", "val/own_or_global_dice"):
@@ -84,7 +84,7 @@ def test_fedsm_in_full_3d_on_patches(repo, tmp_path, data):
     """The FedSM job with the 3D preset: patch-trained 3D UNets, every model and the selector scored on whole volumes
     (sliding windows for the networks, the selector's encoder stem on the whole volume), per volume."""
     run = _run(repo, tmp_path, "fedsm", {}, preset="seg_volumes_3d", overrides=TINY_3D)
-    for site, series in run.scalars().items():
+    for site, series in run.site_scalars().items():
         for name in ("val/global_dice", "val/person_dice"):
             dice = dict(series[name])
             assert dice[ROUNDS - 1] > dice[0] + 0.2, f"{site}: {name} {dice}"

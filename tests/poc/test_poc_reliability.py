@@ -166,6 +166,7 @@ def test_jobs_go_on_without_a_dead_site(fed, sess):
             # after its last answer, the others train on
             key = lambda site: f"person_{sorted(fed.sites).index(site)}"  # noqa: E731
             kept = aggregates[last]["fingerprint"][key(victim)]
+            assert f"going on with {sorted(survivors)}; no result from ['{victim}']" in log, "SiteRounds names the missing site"
             for rnd in range(last + 1, end + 1):
                 assert aggregates[rnd]["fingerprint"][key(victim)] == kept, f"round {rnd}: {victim}'s personalised model changed while it was away"
             for site in survivors:

@@ -213,8 +213,10 @@ class SiteRounds(ModelController):
             missing = sorted(set(payloads) - set(results))
             raise PayloadError(f"round {rnd} task '{task}': {len(results)} of {len(payloads)} sites answered (no result from {missing}"
                                f"{guarded}); min_responses={need}")
-        if guarded:
-            self.warning(f"round {rnd} task '{task}': going on with {sorted(results)}{guarded}")
+        absent = sorted(set(payloads) - set(results) - self._guarded)  # dead, timed out or failed at the site
+        if guarded or absent:
+            self.warning(f"round {rnd} task '{task}': going on with {sorted(results)}{guarded}"
+                         + (f"; no result from {absent}" if absent else ""))
         for site, res in results.items():
             filters = res.meta.get(FLMetaKey.FILTER_HISTORY) or filter_history(res.params)
             self.info(f"round {rnd} {task}: {site} sent {sent[site]} B, received {payload_bytes(res.params)} B"

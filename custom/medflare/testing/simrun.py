@@ -17,6 +17,9 @@ from pathlib import Path
 from medflare import MedflareError
 
 
+SIMULATOR_SERVER = "simulator_server"  # the name the FLARE simulator gives the server (its tb_events folder)
+
+
 @dataclass
 class SimRun:
     """Result of one simulator run: return code, wall seconds, workspace, and the server's run folder."""
@@ -35,8 +38,13 @@ class SimRun:
         return self.server_dir / "app_server"
 
     def scalars(self) -> dict[str, dict[str, list[tuple[int, float]]]]:
-        """``{site: {tag: [(step, value), ...]}}`` from the server's TensorBoard folder."""
+        """``{site: {tag: [(step, value), ...]}}`` from the server's TensorBoard folder (the server's own scalars, e.g.
+        the update guard's, under ``SIMULATOR_SERVER``)."""
         return read_scalars(self.server_dir / "tb_events")
+
+    def site_scalars(self) -> dict[str, dict[str, list[tuple[int, float]]]]:
+        """:meth:`scalars` without the server's own folder: only what the sites streamed."""
+        return {k: v for k, v in self.scalars().items() if k != SIMULATOR_SERVER}
 
 
 def run_simulator(

@@ -1,9 +1,10 @@
 """Recipes of the baseline jobs (jobs/fedavg, jobs/fedprox, jobs/scaffold): FLARE's FedAvg / Scaffold workflows,
 the preset's network as initial model, FLARE's IntimeModelSelector for the best model, our SupervisedExecutor.
 
-The workflows run with ``ignore_result_error=True``: a site whose result failed or was refused by the server's
-update guard (:mod:`medflare.common.result_guard`) is left out of that round's average (weighted over the sites
-that answered) and asked again next round; the server log names it.
+The workflows (:mod:`medflare.baselines.workflows`) run with ``ignore_result_error=True``: a site whose result failed
+or was refused by the server's update guard (:mod:`medflare.common.result_guard`) is left out of that round's
+average (weighted over the sites that answered) and asked again next round; the server log names it. A round that
+fewer than ``min_clients`` sites answered ends the job with an error.
 
     from medflare.recipes import FedAvgRecipe
     from nvflare.recipe import SimEnv
@@ -15,10 +16,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from nvflare.app_common.widgets.intime_model_selector import IntimeModelSelector
-from nvflare.app_common.workflows.fedavg import FedAvg
-from nvflare.app_common.workflows.scaffold import Scaffold
 
 from medflare.baselines.executor import SupervisedExecutor
+from medflare.baselines.workflows import ResilientFedAvg, ResilientScaffold
 from medflare.common.persistence import PresetModelPersistor
 from medflare.common.recipe import TASK_CHECK_PERIOD, JobRecipe
 from medflare.presets import get_preset
@@ -28,7 +28,7 @@ class _BaselineRecipe(JobRecipe):
     """A weight-averaging baseline: ``workflow_cls`` of FLARE with our persistor, best-model selector and executor."""
 
     job_name = ""
-    workflow_cls: type = FedAvg
+    workflow_cls: type = ResilientFedAvg
 
     def __init__(
         self,
@@ -43,9 +43,9 @@ class _BaselineRecipe(JobRecipe):
     ):
         key_metric = get_preset(preset, overrides)["eval"]["key_metric"]
         # A site whose result failed (its own error, or refused by the server's update guard) is left out of the
-        # round's weighted average instead of ending the job: FedAvg asks every sampled site, so FLARE's default
-        # (ignore an error only while min_responses stays reachable) would end it at the first one.
-        workflow_args.setdefault("ignore_result_error", True)
+        # round's weighted average instead of ending the job (FedAvg asks every sampled site, so FLARE's default
+        # would end it at the first one); fewer than min_clients answers end it (medflare.baselines.workflows).
+        workflow_args.setdefault("min_responses", min_clients)
         workflow = self.workflow_cls(num_clients=num_clients, num_rounds=num_rounds, persistor_id="persistor",
                                      task_check_period=TASK_CHECK_PERIOD, **workflow_args)
         super().__init__(
@@ -84,4 +84,4 @@ class ScaffoldRecipe(_BaselineRecipe):
     Args: those of :class:`FedAvgRecipe`."""
 
     job_name = "scaffold"
-    workflow_cls = Scaffold
+    workflow_cls = ResilientScaffold

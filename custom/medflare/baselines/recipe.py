@@ -4,7 +4,7 @@ the preset's network as initial model, FLARE's IntimeModelSelector for the best 
 The workflows (:mod:`medflare.baselines.workflows`) run with ``ignore_result_error=True``: a site whose result failed
 or was refused by the server's update guard (:mod:`medflare.common.result_guard`) is left out of that round's
 average (weighted over the sites that answered) and asked again next round; the server log names it. A round that
-fewer than ``min_clients`` sites answered ends the job with an error.
+no site answered (fewer than the workflow's ``min_responses``, default 1) ends the job with an error.
 
     from medflare.recipes import FedAvgRecipe
     from nvflare.recipe import SimEnv
@@ -44,8 +44,7 @@ class _BaselineRecipe(JobRecipe):
         key_metric = get_preset(preset, overrides)["eval"]["key_metric"]
         # A site whose result failed (its own error, or refused by the server's update guard) is left out of the
         # round's weighted average instead of ending the job (FedAvg asks every sampled site, so FLARE's default
-        # would end it at the first one); fewer than min_clients answers end it (medflare.baselines.workflows).
-        workflow_args.setdefault("min_responses", min_clients)
+        # would end it at the first one); a round no site answered ends it (medflare.baselines.workflows).
         workflow = self.workflow_cls(num_clients=num_clients, num_rounds=num_rounds, persistor_id="persistor",
                                      task_check_period=TASK_CHECK_PERIOD, **workflow_args)
         super().__init__(

@@ -14,7 +14,8 @@ from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from medflare.baselines.corrections import ScaffoldState, fedprox_term
 from medflare.common.component import keep_args
-from medflare.common.payload import check_finite, l2_norm, load_numpy_state, state_to_numpy, weight_diff
+from medflare.common.payload import check_finite, load_numpy_state, state_to_numpy, weight_diff
+from medflare.common.update_guard import tree_norm
 from medflare.common.site_executor import SiteExecutor, format_metrics
 from medflare.common.training import make_loss, make_optimizer, train_epochs
 
@@ -90,7 +91,7 @@ class SupervisedExecutor(SiteExecutor):
 
         diff = weight_diff(state_to_numpy(self.model), sent)
         check_finite(diff, self.site)
-        self.tracker.scalars(fl_ctx, {"update_norm": l2_norm(diff)}, rnd)
+        self.tracker.scalars(fl_ctx, {"update_norm": tree_norm(diff)}, rnd)
         out_meta = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: len(self.data.train)}
         if controls is not None:
             out_meta[AlgorithmConstants.SCAFFOLD_CTRL_DIFF] = self.scaffold.end_round(self.model)

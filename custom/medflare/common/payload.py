@@ -15,6 +15,7 @@ import torch
 from nvflare.apis.dxo import DXO, DataKind
 
 from medflare import PayloadError, MedflareError
+from medflare.common.update_guard import nonfinite_paths
 
 
 def state_to_numpy(model: torch.nn.Module) -> dict[str, np.ndarray]:
@@ -53,8 +54,9 @@ def weight_diff(after: Mapping[str, np.ndarray], before: Mapping[str, np.ndarray
 
 
 def check_finite(params: Mapping[str, np.ndarray], site: str) -> None:
-    """Refuse to send a NaN/Inf update: it would poison the global model at every site."""
-    bad = [k for k, v in params.items() if np.issubdtype(np.asarray(v).dtype, np.floating) and not np.isfinite(v).all()]
+    """Refuse to send a NaN/Inf update: it would poison the global model at every site (the site's side of what
+    the server's update guard checks again on arrival, with the same :func:`nonfinite_paths`)."""
+    bad = nonfinite_paths(params)
     if bad:
         raise PayloadError(f"site '{site}': the local update has NaN/Inf values in {bad[:5]}; lower the learning rate")
 
@@ -76,12 +78,6 @@ def unflatten(params: Mapping[str, np.ndarray]) -> dict[str, dict[str, np.ndarra
             raise PayloadError(f"payload key '{key}' has no model prefix (expected '<model>.<param>')")
         out.setdefault(prefix, {})[rest] = value
     return out
-
-
-def l2_norm(params: Mapping[str, np.ndarray]) -> float:
-    """Euclidean norm of all float entries of a flat payload (e.g. the size of a site's update)."""
-    return float(np.sqrt(sum(float((np.asarray(v, dtype=np.float64) ** 2).sum()) for v in params.values()
-                             if np.issubdtype(np.asarray(v).dtype, np.floating))))
 
 
 def nbytes(params: Mapping[str, np.ndarray]) -> int:

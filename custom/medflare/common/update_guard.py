@@ -22,6 +22,8 @@ scale (e.g. nobody trained a part) and disables the rule for that result. Refuse
 reference, so one hostile site cannot raise the bar for the next.
 
 Plain numpy/torch, no FLARE: the filter turns a DXO into :class:`Part` s and calls :meth:`UpdateScreen.screen`.
+:func:`nonfinite_paths` and :func:`tree_norm` are also the sites' own checks (``payload.check_finite`` before a
+site sends, the baselines' ``update_norm``), so a site and the server judge a payload the same way.
 """
 
 from __future__ import annotations

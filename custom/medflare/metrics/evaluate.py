@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from medflare import DataError, MedflareError
+from medflare import MedflareError
 from medflare.metrics.classification import to_class_labels
 from medflare.metrics.instance import aggregated_jaccard_index, object_dice, to_instances
 from medflare.metrics.segmentation import (
@@ -173,17 +173,6 @@ def _reduce_classes(metrics: Sequence[str], per_case: list[dict[str, Any]], valu
     return out
 
 
-def _check_label_range(label: torch.Tensor, num_classes: int, names: list[str]) -> None:
-    """A label value outside [0, num_classes) is the data's or the preset's fault: name the case."""
-    flat = label.flatten(1)
-    if not flat.numel():
-        return
-    lo, hi = flat.amin(1), flat.amax(1)
-    for i in torch.nonzero((lo < 0) | (hi >= num_classes)).flatten().tolist():
-        raise DataError(f"case '{names[i]}': label values in [{int(lo[i])}, {int(hi[i])}], outside [0, num_classes={num_classes}) "
-                        "of the preset (data.num_classes)")
-
-
 def evaluate(
     model: torch.nn.Module | None,
     loader: Iterable[Mapping[str, Any]],
@@ -260,9 +249,8 @@ def evaluate(
                     if label.ndim == images.ndim - 1:
                         label = label.unsqueeze(1)
                     names = _case_names(batch, label.shape[0], len(per_case))
-                    _check_label_range(label, num_classes, names)
                     pred = logits_to_label_map(output, num_classes)
-                    pred, label = check_label_maps(pred, label, num_classes, device=pred.device)
+                    pred, label = check_label_maps(pred, label, num_classes, device=pred.device, case_names=names)
                     case_spacing = spacing if spacing is not None else batch.get("spacing")
                     rows, batch_values, (batch_present, batch_seen) = _segmentation_scores(pred, label, num_classes, metrics, case_spacing)
                     for base, v in batch_values.items():

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from medflare import MedflareError
+from medflare import DataError, MedflareError
 
 __all__ = [
     "check_label_maps",
@@ -45,11 +45,14 @@ __all__ = [
 
 
 def check_label_maps(
-    pred: torch.Tensor, target: torch.Tensor, num_classes: int | None = None, device: str | torch.device = "cpu"
+    pred: torch.Tensor, target: torch.Tensor, num_classes: int | None = None, device: str | torch.device = "cpu",
+    case_names: Sequence[str] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Validate two (B, 1, *spatial) label maps and return them as int64 tensors on ``device`` (default CPU).
 
-    Raises MedflareError naming ``pred``/``target``/``num_classes`` on a wrong shape or value range.
+    Raises MedflareError naming ``pred``/``target``/``num_classes`` on a wrong shape or value range; with
+    ``case_names`` (one per case), a ``target`` value outside [0, num_classes) is a DataError naming the case (the
+    data's or the preset's fault, not the caller's).
     """
     pred, target = torch.as_tensor(pred), torch.as_tensor(target)
     if pred.shape != target.shape:
@@ -67,10 +70,21 @@ def check_label_maps(
             if t.numel():
                 lo, hi = torch.aminmax(t)
                 if lo < 0 or hi >= num_classes:
+                    if key == "target" and case_names is not None:
+                        _name_bad_case(t, num_classes, case_names)
                     raise MedflareError(
                         f"'{key}' has labels in [{int(lo)}, {int(hi)}], outside [0, num_classes={num_classes})"
                     )
     return pred, target
+
+
+def _name_bad_case(target: torch.Tensor, num_classes: int, case_names: Sequence[str]) -> None:
+    """Raise the DataError naming the first case of ``target`` with a label outside [0, num_classes)."""
+    flat = target.flatten(1)
+    lo, hi = flat.amin(1), flat.amax(1)
+    i = int(torch.nonzero((lo < 0) | (hi >= num_classes)).flatten()[0])
+    raise DataError(f"case '{case_names[i]}': label values in [{int(lo[i])}, {int(hi[i])}], outside [0, num_classes={num_classes}) "
+                    "of the preset (data.num_classes)")
 
 
 def _one_hot(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -135,6 +135,8 @@ def test_fedvck_learns_beats_fedavg_and_sends_only_condensed_knowledge_under_no_
 def test_fedavg_is_refused_under_no_weights_and_the_job_ends(repo, tmp_path):
     folder = _job(repo, tmp_path, "fedavg", scope="no_weights", workflow_args={"num_rounds": 2, "num_clients": 2})
     run = run_simulator(folder, tmp_path / "ws", 2, clients=CLIENTS[:2], timeout=300, local_files={"privacy.json": _privacy(repo)})
-    # the sites' DXOBlocker refused every weight diff; FLARE's FedAvg then ends the job (within the timeout) with no update
+    # the sites' DXOBlocker refused every weight diff; ResilientFedAvg then ends the job (within the timeout) with no update
     assert "DXO kind WEIGHT_DIFF is blocked" in run.log or "TASK_RESULT_FILTER_ERROR" in run.log, run.log[-4000:]
     assert "Round 1 started" not in run.log, run.log[-4000:]
+    # ... because no site answered round 0 (medflare.baselines.workflows), not for some other reason
+    assert "ResilientFedAvg round 0: 0 of 2 sites answered" in run.log, run.log[-4000:]

@@ -87,6 +87,7 @@ class FedSTController(SiteRounds):
         if "diffusion" not in cfg:
             raise ConfigError(f"{name}: preset '{preset}' has no 'diffusion' section; FedST needs one (e.g. preset 'fedst')")
         self.diffusion = diffusion_config(cfg["diffusion"])
+        self.exchanges = exchange_steps(self.diffusion)  # FedST-join: local steps of each generator exchange in a round
         self.key_metric = cfg["eval"]["key_metric"]
         if not persistor_id:
             raise ConfigError(f"{name}: 'persistor_id' must name the job's FedSTPersistor (it saves the style store / generator)")
@@ -342,9 +343,10 @@ class FedSTJoinController(FedSTController):
                   f"refresh every {self.refresh_every or 'never'}")
         for rnd in range(self.rounds_in_job):
             self.start_round(rnd, self.rounds_in_job)
-            for exchange, steps in enumerate(exchange_steps(self.diffusion)):
+            for exchange, steps in enumerate(self.exchanges):
                 payloads = {s: FLModel(params_type=ParamsType.FULL, params=flatten({P.GEN: self.parts[P.GEN]}), current_round=rnd,
-                                       meta=self._meta(**{P.STEPS: steps, P.EXCHANGE: exchange})) for s in self.site_names}
+                                       meta=self._meta(**{P.STEPS: steps, P.EXCHANGE: exchange, P.EXCHANGES: len(self.exchanges)}))
+                            for s in self.site_names}
                 results = self._send(self.generator_task, payloads, rnd, "generator")
                 if not results:
                     return
@@ -352,7 +354,7 @@ class FedSTJoinController(FedSTController):
                     self._note_site(site, res)
                 self.parts[P.GEN] = self._combine_generator(results)
             losses = {s: (r.meta or {}).get(P.LOSS, {}).get("mean") for s, r in results.items()}
-            self.info(f"round {rnd}: join generator averaged over {sorted(results)} {len(exchange_steps(self.diffusion))} time(s); "
+            self.info(f"round {rnd}: join generator averaged over {sorted(results)} {len(self.exchanges)} time(s); "
                       f"mean L_simple per site in the last exchange {losses}")
             if rnd < warmup:
                 self.save_model(self._model(self.metrics, rnd + 1))
@@ -375,7 +377,7 @@ class FedSTJoinController(FedSTController):
     @property
     def exchanges_in_job(self) -> int:
         """Generator exchanges (download + diff upload per site) in the whole job: ``diffusion.sync_steps`` splits a round."""
-        return self.rounds_in_job * len(exchange_steps(self.diffusion))
+        return self.rounds_in_job * len(self.exchanges)
 
     def predicted_generator_bytes(self) -> int:
         return comm.join_generator_bytes(len(self.site_names), self.exchanges_in_job, self.generator_size())

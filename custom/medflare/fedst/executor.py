@@ -128,6 +128,7 @@ class GeneratorTrainingExecutor(FedSTSiteExecutor):
     def train(self, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
         incoming, meta, sites, rnd = _receive(shareable, self.site)
         join = meta[P.VARIANT] == "join"
+        exchange = int(meta.get(P.EXCHANGE, 0))  # FedST-join: several exchanges per round get their own batches and noise
         self._build(len(sites) if join else 0)
         sent = None
         if join:
@@ -135,10 +136,10 @@ class GeneratorTrainingExecutor(FedSTSiteExecutor):
             if received is None:
                 raise PayloadError(f"site '{self.site}': the join task carries no generator ('{P.GEN}.' weights)")
             load_numpy_state(self.generator, received, who="server (join generator)")
-            self.cache.put_generator(JOIN_KEY, received, rnd)  # the sampler draws with the global generator of this round
+            if exchange == int(meta.get(P.EXCHANGES, 1)) - 1:  # only the round's last one: each would overwrite the last
+                self.cache.put_generator(JOIN_KEY, received, rnd)  # the sampler draws with the latest global generator of this round
             sent = received
         steps = int(meta.get(P.STEPS, self.diffusion["steps_per_round"]))
-        exchange = int(meta.get(P.EXCHANGE, 0))  # FedST-join: several exchanges per round get their own batches and noise
         batch = self.diffusion["batch_size"]
         batches = cycle(lambda epoch: make_loader(self.data.train, batch, True, seed=stable_seed("fedst-gen", self.seed, rnd, exchange, epoch)))
         tic = time.perf_counter()

@@ -29,6 +29,7 @@ VARIANT = "fedst_variant"  # "separate" | "join"
 SITES = "fedst_sites"  # [site names]; a site's domain index is its position here
 STEPS = "fedst_generator_steps"  # generator steps to train in this task
 EXCHANGE = "fedst_generator_exchange"  # FedST-join: index of this generator exchange within the round (seeds batches)
+EXCHANGES = "fedst_generator_exchanges"  # FedST-join: generator exchanges in the round (the last one is cached for sampling)
 REFRESH = "fedst_refresh"  # bool: regenerate the cached synthetic images from the current generator(s)
 VERSIONS = "fedst_versions"  # {site: round its generator in the store was uploaded}
 CLASSES = "fedst_classes"  # server -> site: {site: classes its generator was trained on}; site -> server: own classes

@@ -2,7 +2,9 @@
 
 import contextlib
 import importlib.util
+import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -46,3 +48,18 @@ def poc_federation(tmp_path_factory, preset: str, n_sites: int, **kwargs):
             os.environ["HOME"] = old_home
         leftovers = federation.pids()
         assert not leftovers, f"POC processes left running: {leftovers}"
+
+
+def poc_job(fed, src: str, name: str, preset: str, *, keep_custom: bool = False, meta: dict | None = None, **customize) -> Path:
+    """A copy of jobs/<src> for the federation ``fed`` (``customize_job`` with ``preset`` and ``customize``), named
+    ``name``, without app/custom (so every medflare class passes the sites' allow-list) unless ``keep_custom``, with
+    ``meta`` merged into its meta.json."""
+    from medflare.testing.jobconfig import customize_job
+
+    job = customize_job(Path(__file__).resolve().parents[2] / "jobs" / src, fed.jobs_dir / name, preset=preset, **customize)
+    if not keep_custom:
+        shutil.rmtree(job / "app" / "custom", ignore_errors=True)
+    data = json.loads((job / "meta.json").read_text())
+    data.update(name=name, **(meta or {}))
+    (job / "meta.json").write_text(json.dumps(data, indent=2))
+    return job

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,12 +22,11 @@ import numpy as np
 import pytest
 
 from medflare.common.results import load_result, read_checkpoint
-from medflare.testing.jobconfig import customize_job
 from medflare.common.persistence import model_from_preset
 from medflare.fedsm.supermodel import BEST_SUPER_MODEL_FILE, SUPER_MODEL_FILE
 from medflare.testing.simrun import read_scalars
 
-from . import pocfed, poc_federation
+from . import poc_federation, poc_job, pocfed
 
 pytestmark = [pytest.mark.slow, pytest.mark.poc, pytest.mark.timeout(900)]
 
@@ -54,17 +52,11 @@ def _job(fed, src: str, name: str, *, rounds=ROUNDS, sites=None, scope=None, byo
     workflow_args = {"num_rounds": rounds}
     if src != "fedsm":
         workflow_args["num_clients"] = len(sites)
-    job = customize_job(REPO / "jobs" / src, fed.jobs_dir / name, preset=PRESET, workflow_args=workflow_args)
-    if not byoc:
-        shutil.rmtree(job / "app" / "custom", ignore_errors=True)
-    meta = json.loads((job / "meta.json").read_text())
-    meta["name"] = name
-    if scope is not None:
-        meta["scope"] = scope
+    meta = {} if scope is None else {"scope": scope}
     if sites != fed.sites:
-        meta["deploy_map"] = {app: ["server", *sites] for app in meta["deploy_map"]}
-        meta["min_clients"] = len(sites)
-    (job / "meta.json").write_text(json.dumps(meta, indent=2))
+        deploy_map = json.loads((REPO / "jobs" / src / "meta.json").read_text())["deploy_map"]
+        meta.update(deploy_map={app: ["server", *sites] for app in deploy_map}, min_clients=len(sites))
+    job = poc_job(fed, src, name, PRESET, keep_custom=byoc, meta=meta, workflow_args=workflow_args)
     if client_component:
         path = job / "app" / "config" / "config_fed_client.json"
         config = json.loads(path.read_text())
@@ -95,13 +87,6 @@ def jobs(fed):
     finally:
         sess.close()
     return ids
-
-
-@pytest.fixture()
-def sess(fed):
-    s = fed.session()
-    yield s
-    s.close()
 
 
 def _wait(sess, job_id, timeout=JOB_TIMEOUT) -> dict:

@@ -27,21 +27,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 
 from medflare.common.results import read_checkpoint
-from medflare.testing.jobconfig import customize_job
 from medflare.testing.widgets import fingerprint
 
-from . import pocfed, poc_federation
+from . import poc_federation, poc_job, pocfed
 
 pytestmark = [pytest.mark.slow, pytest.mark.poc, pytest.mark.timeout(1200)]
 
-REPO = Path(__file__).resolve().parents[2]
 PRESET = "seg_synthetic_tiny"
 HEART_BEAT = 30  # s of silence before the server drops a site (servers[0].heart_beat_timeout; template 120)
 GRACE = 10  # s a job waits after the dead-site report before the site counts as gone (dead_client_grace_period; FLARE 60)
@@ -59,22 +56,11 @@ def fed(tmp_path_factory):
         yield federation
 
 
-@pytest.fixture()
-def sess(fed):
-    s = fed.session()
-    yield s
-    s.close()
-
-
 def _job(fed, src: str, name: str, *, workflow_args: dict, min_clients: int, persistor_args: dict | None = None) -> Path:
     """A copy of jobs/<src> (tiny, no app/custom) with our dead-site settings, a ModelRecorder, and ``min_clients``."""
-    job = customize_job(REPO / "jobs" / src, fed.jobs_dir / name, preset=PRESET, workflow_args=workflow_args,
-                        server_settings={"dead_client_grace_period": GRACE, "dead_client_check_lead_time": LEAD},
-                        server_components=[{"id": "model_recorder", "path": "medflare.testing.widgets.ModelRecorder", "args": {}}])
-    shutil.rmtree(job / "app" / "custom", ignore_errors=True)
-    meta = json.loads((job / "meta.json").read_text())
-    meta.update(name=name, min_clients=min_clients)
-    (job / "meta.json").write_text(json.dumps(meta, indent=2))
+    job = poc_job(fed, src, name, PRESET, meta={"min_clients": min_clients}, workflow_args=workflow_args,
+                  server_settings={"dead_client_grace_period": GRACE, "dead_client_check_lead_time": LEAD},
+                  server_components=[{"id": "model_recorder", "path": "medflare.testing.widgets.ModelRecorder", "args": {}}])
     if persistor_args:
         path = job / "app" / "config" / "config_fed_server.json"
         config = json.loads(path.read_text())

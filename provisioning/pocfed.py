@@ -247,11 +247,24 @@ class PocFederation:
         return pids
 
     def session(self, user: str | None = None, timeout: float = 60):
-        """A FLARE Session API session as ``user`` (default: the project admin)."""
+        """A FLARE Session API session as ``user`` (default: the project admin), retried until ``timeout`` s.
+
+        One login attempt can give up after FLARE's short connect timeout while a just-restarted server is
+        still opening its admin port on a loaded machine (seen as ``NoConnection`` in a CI run): a
+        connection refused before the deadline is tried again, anything else is raised at once.
+        """
+        from nvflare.fuel.flare_api.api_spec import NoConnection
         from nvflare.fuel.flare_api.flare_api import new_secure_session
 
         user = user or self.admin
-        return new_secure_session(user, str(self.kit(user)), timeout=timeout)
+        deadline = time.time() + timeout
+        while True:
+            try:
+                return new_secure_session(user, str(self.kit(user)), timeout=max(5.0, deadline - time.time()))
+            except NoConnection:
+                if time.time() + 2 > deadline:
+                    raise
+                time.sleep(2)
 
     def stop(self, timeout: float = 60) -> None:
         """nvflare poc stop, then kill whatever is left of this federation; never raises."""

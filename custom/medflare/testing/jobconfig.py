@@ -36,6 +36,7 @@ def customize_job(
     server_settings: Mapping[str, Any] | None = None,
     client_settings: Mapping[str, Any] | None = None,
     server_components: list[dict] | None = None,
+    persistor_args: Mapping[str, Any] | None = None,
 ) -> Path:
     """Copy job ``src`` to ``dst`` and set the given values in every app's configs; returns ``dst``.
 
@@ -45,7 +46,9 @@ def customize_job(
     server's (``[]`` removes the server's update guard, e.g. for a control run); ``server_settings`` /
     ``client_settings`` set top-level keys of the server / client config (e.g. ``{"server":
     {"task_request_interval": 0.1}}`` or ``{"default_task_fetch_interval": 0.1}``); ``server_components``
-    (``{"id", "path", "args"}`` dicts) are appended to the server's components (e.g. a test widget).
+    (``{"id", "path", "args"}`` dicts) are appended to the server's components (e.g. a test widget);
+    ``persistor_args`` update the args of the server component with id ``persistor`` (e.g.
+    ``source_ckpt_file_full_name`` to resume from a saved model).
     """
     src, dst = Path(src), Path(dst)
     if not (src / "meta.json").is_file():
@@ -74,5 +77,10 @@ def customize_job(
         config.update((client_settings if is_client else server_settings) or {})
         if server_components and not is_client:
             config.setdefault("components", []).extend(server_components)
+        if persistor_args and not is_client:
+            persistor = next((c for c in components(config) if c.get("id") == "persistor"), None)
+            if persistor is None:
+                raise ConfigError(f"'{src}': persistor_args given but the server config has no component 'persistor'")
+            persistor.setdefault("args", {}).update(persistor_args)
         path.write_text(json.dumps(config, indent=2))
     return dst

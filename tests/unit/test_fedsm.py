@@ -504,3 +504,37 @@ def test_site_filters_see_each_part_and_the_server_parses_what_they_let_through(
     assert all(np.array_equal(got.stats[k], v) for k, v in stats.items())  # ... and left the statistics alone
     with pytest.raises(PayloadError, match="site-1.*selector_head"):
         parse_reply("site-1", FLModelUtils.from_shareable(filtered), P.EXTRA)
+
+
+def test_persistor_resumes_from_a_saved_super_model_of_the_same_run_only(tmp_path):
+    """Resubmission after a server restart: the saved super model's weights, not the preset's, are the initial
+    model; a file of other sites, another kind or a relative path is a ConfigError naming it."""
+    from nvflare.apis.fl_context import FLContext
+
+    from medflare.fedsm.persistor import SuperModelPersistor
+
+    sites = ["site-1", "site-2"]
+    net, spec = _network(sites)
+    saved = tmp_path / "FedSM_super_model.pt"
+    save_super_model(saved, net, super_model_description(TINY, None, sites, spec, 0.7, 0.05), {"round": 2})
+    pers = SuperModelPersistor(preset=TINY, seed=4, source_ckpt_file_full_name=str(saved))
+    pers.configure(sites, spec, softpull_lambda=0.7, gamma=0.05)
+    weights = pers.load_model(FLContext())["weights"]
+    for name in (P.GLOBAL, P.person_key(1), P.SELECT):
+        for k, v in state_to_numpy(net[name]).items():
+            assert np.array_equal(np.asarray(weights[f"{name}.{k}"]), v), f"{name}.{k} is not the saved model's"
+    fresh = state_to_numpy(model_from_preset(TINY, seed=4))
+    assert any(not np.array_equal(np.asarray(weights[f"{P.GLOBAL}.{k}"]), v) for k, v in fresh.items())
+
+    other = SuperModelPersistor(preset=TINY, seed=4, source_ckpt_file_full_name=str(saved))
+    other.configure(["site-1", "hospital-b"], selector_spec(MODEL, ["site-1", "hospital-b"], False), 0.7, 0.05)
+    with pytest.raises(ConfigError, match=r"FedSM_super_model.pt' was trained with sites \['site-1', 'site-2'\]"):
+        other.load_model(FLContext())
+    plain = tmp_path / "global.pt"
+    torch.save({"model": state_to_numpy(net[P.GLOBAL]), "train_conf": {}}, plain)
+    foreign = SuperModelPersistor(preset=TINY, source_ckpt_file_full_name=str(plain))
+    foreign.configure(sites, spec, 0.7, 0.05)
+    with pytest.raises(ConfigError, match="global.pt' is not a FedSM super model"):
+        foreign.load_model(FLContext())
+    with pytest.raises(ConfigError, match="absolute path"):
+        SuperModelPersistor(preset=TINY, source_ckpt_file_full_name="FedSM_super_model.pt")

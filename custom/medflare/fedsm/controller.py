@@ -82,6 +82,9 @@ class FedSMController(SiteRounds):
         selector: arguments of :class:`~medflare.fedsm.selector.EncoderGaussianSelector`: ``levels`` (encoder levels
             read, default 2), ``shrinkage`` (covariance shrinkage, default 0.2). Default {}.
         head_lr: Adam learning rate of the FedSM-extra head on the server. Default 0.05.
+        resume_round: first round to run, to resume a run by resubmission from its saved super model (the
+            persistor's ``source_ckpt_file_full_name``): the rounds before it are taken as done. A resume inside
+            the FedSM-extra rounds starts the head's Adam moments afresh (they are not saved). Default 0.
         persistor_id: id of the :class:`~medflare.fedsm.persistor.SuperModelPersistor`. Default "persistor".
         min_responses, task_timeout, task_check_period: see :class:`medflare.common.workflow.SiteRounds`.
     """
@@ -97,6 +100,7 @@ class FedSMController(SiteRounds):
         seed: int = 0,
         selector: Mapping[str, Any] | None = None,
         head_lr: float = 0.05,
+        resume_round: int = 0,
         persistor_id: str = "persistor",
         min_responses: int = 0,
         task_timeout: int = 3600,
@@ -105,8 +109,12 @@ class FedSMController(SiteRounds):
         super().__init__(num_rounds=num_rounds, persistor_id=persistor_id, min_responses=min_responses,
                          task_timeout=task_timeout, task_check_period=task_check_period)
         keep_args(self, softpull_lambda=softpull_lambda, extra_rounds=extra_rounds, gamma=gamma, preset=preset,
-                  overrides=overrides or {}, seed=seed, selector=selector or {}, head_lr=head_lr)
+                  overrides=overrides or {}, seed=seed, selector=selector or {}, head_lr=head_lr, resume_round=resume_round)
         check_int("FedSMController", "extra_rounds", extra_rounds, 0)
+        check_int("FedSMController", "resume_round", resume_round, 0)
+        if resume_round > num_rounds + extra_rounds:
+            raise ConfigError(f"FedSMController: 'resume_round' {resume_round} is past the job's last round "
+                              f"({num_rounds} + {extra_rounds} extra)")
         if not isinstance(gamma, (int, float)) or not 0 <= float(gamma) <= 1:
             raise ConfigError(f"FedSMController: 'gamma' must lie in [0, 1], got {gamma!r}")
         if not isinstance(head_lr, (int, float)) or not head_lr > 0:
@@ -170,8 +178,9 @@ class FedSMController(SiteRounds):
         state = self._init_state()
         total = self.num_rounds + self.extra_rounds
         self.info(f"FedSM: sites {state.sites}, lambda {self.softpull_lambda}, gamma {self.gamma}, "
-                  f"{self.num_rounds} rounds + {self.extra_rounds} FedSM-extra rounds + 1 validation round")
-        for rnd in range(total):
+                  f"{self.num_rounds} rounds + {self.extra_rounds} FedSM-extra rounds + 1 validation round"
+                  + (f", resuming at round {self.resume_round}" if self.resume_round else ""))
+        for rnd in range(self.resume_round, total):
             phase = P.MAIN if rnd < self.num_rounds else P.EXTRA
             sent = self._super_model(state, rnd)  # the models the sites score this round
             self.start_round(rnd, total + 1, validated=sent)

@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from medflare.common.results import load_result
-from medflare.testing.jobconfig import customize_job
 from medflare.common.report import markdown_table, site_table
-from medflare.testing.simrun import run_simulator
+from medflare.report.runner import run_job
 from medflare.common.training import make_loader
 from medflare.data import load_site
 from medflare.metrics import evaluate, unseen_classes_warning
@@ -65,9 +64,8 @@ def score_sites(model, sites: list[str], preset: str, split: str = "test", predi
 
 def run_fl(job: str, sites: list[str], rounds: int, preset: str, work: Path, overrides=None) -> dict[str, Any]:
     """Run ``jobs/<job>`` in the simulator; returns the test table of its last global model and its curve."""
-    folder = customize_job(REPO / "jobs" / job, work / job, preset=preset, overrides=overrides,
-                           workflow_args={"num_rounds": rounds, "num_clients": len(sites)})
-    run = run_simulator(folder, work / f"ws_{job}", len(sites), clients=sites, timeout=3600)
+    run = run_job(job, work / job, sites, preset=preset, overrides=overrides,
+                  workflow_args={"num_rounds": rounds, "num_clients": len(sites)}, timeout=3600)["run"]
     model_file = run.app_server / "FL_global_model.pt"
     if run.returncode != 0 or not model_file.is_file():
         raise RuntimeError(f"{job} failed:\n{run.log[-3000:]}")

@@ -132,13 +132,11 @@ class Federation:
 def fedavg(preset: str, overrides, sites: list[str], rounds: int, fed: Federation) -> dict[str, float]:
     """jobs/fedavg in the FLARE simulator with the same preset; its final global model on the union test set."""
     from medflare.common.results import load_result
-    from medflare.testing.jobconfig import customize_job
-    from medflare.testing.simrun import run_simulator
+    from medflare.report.runner import run_job
 
     with tempfile.TemporaryDirectory() as tmp:
-        job = customize_job(REPO / "jobs" / "fedavg", Path(tmp) / "job", preset=preset, overrides=overrides,
-                            workflow_args={"num_rounds": rounds, "num_clients": len(sites)})
-        run = run_simulator(job, Path(tmp) / "ws", len(sites), clients=sites, timeout=3600)
+        run = run_job("fedavg", Path(tmp), sites, preset=preset, overrides=overrides,
+                      workflow_args={"num_rounds": rounds, "num_clients": len(sites)}, timeout=3600)["run"]
         if run.returncode != 0:
             raise RuntimeError(run.log[-3000:])
         model = load_result(run.app_server / "FL_global_model.pt").networks["model"]

@@ -40,17 +40,15 @@ from medflare.data import load_site  # noqa: E402
 from medflare.fedsm.routing import selection_frequency  # noqa: E402
 from medflare.fedsm.supermodel import DEFAULT_GAMMA, SUPER_MODEL_FILE, load_super_model  # noqa: E402
 from medflare.presets import get_preset  # noqa: E402
-from medflare.testing.jobconfig import customize_job  # noqa: E402
-from medflare.testing.simrun import run_simulator  # noqa: E402
+from medflare.report.runner import run_job  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def run_fedsm(name: str, sites: list[str], rounds: int, preset: str, work: Path, lam: float = 0.7, extra_rounds: int = 0):
     """Run jobs/fedsm on ``sites``; returns (super model, validation curve, seconds, traffic of the first site)."""
-    folder = customize_job(REPO / "jobs" / "fedsm", work / name, preset=preset,
-                           workflow_args={"num_rounds": rounds, "softpull_lambda": lam, "extra_rounds": extra_rounds})
-    run = run_simulator(folder, work / f"ws_{name}", len(sites), clients=sites, timeout=7200)
+    run = run_job("fedsm", work / name, sites, preset=preset, timeout=7200,
+                  workflow_args={"num_rounds": rounds, "softpull_lambda": lam, "extra_rounds": extra_rounds})["run"]
     model_file = run.app_server / SUPER_MODEL_FILE
     if run.returncode != 0 or not model_file.is_file():
         raise RuntimeError(f"{name} failed:\n{run.log[-3000:]}")

@@ -52,8 +52,7 @@ from medflare.metrics import dice  # noqa: E402
 from medflare.metrics.site_mean import class_presence, site_mean  # noqa: E402
 from medflare.nets import build_from_spec  # noqa: E402
 from medflare.presets import get_preset  # noqa: E402
-from medflare.testing.jobconfig import customize_job  # noqa: E402
-from medflare.testing.simrun import run_simulator  # noqa: E402
+from medflare.report.runner import run_job  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TIMES = ("time/generator_train_s", "time/generator_step_s", "time/sample_s", "time/seg_train_s", "time/validate_s")
@@ -63,9 +62,8 @@ def run_fedst(variant: str, sites: list[str], rounds: int, preset: str, work: Pa
               tag: str = "") -> dict[str, Any]:
     """Run jobs/fedst_<variant>; returns the test table of its segmentation model, its curve, ledger and timings."""
     name = f"fedst_{variant}{tag}"
-    folder = customize_job(REPO / "jobs" / f"fedst_{variant}", work / name, preset=preset, overrides=overrides,
-                           workflow_args={"num_rounds": rounds})
-    run = run_simulator(folder, work / f"ws_{name}", len(sites), clients=sites, timeout=6 * 3600)
+    run = run_job(f"fedst_{variant}", work / name, sites, preset=preset, overrides=overrides,
+                  workflow_args={"num_rounds": rounds}, timeout=6 * 3600)["run"]
     path = run.app_server / FILE_OF[variant]
     if run.returncode != 0 or not path.is_file() or "EXECUTION_EXCEPTION" in run.log:
         raise RuntimeError(f"{name} failed:\n{run.log[-3000:]}")

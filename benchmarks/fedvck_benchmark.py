@@ -45,8 +45,7 @@ from medflare.common.persistence import model_from_preset  # noqa: E402
 from medflare.common.results import load_result  # noqa: E402
 from medflare.fedvck.checkpoint import RESULT_FILE  # noqa: E402
 from medflare.presets import get_preset  # noqa: E402
-from medflare.testing.jobconfig import customize_job  # noqa: E402
-from medflare.testing.simrun import run_simulator  # noqa: E402
+from medflare.report.runner import run_job  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 ABLATIONS = {
@@ -71,9 +70,10 @@ def merge(base: dict, extra: dict) -> dict:
 
 def run_fedvck(name: str, sites: list[str], rounds: int, preset: str, overrides: dict, work: Path) -> dict[str, Any]:
     """One FedVCK simulator run; the test table of its final global model, traffic and condensation times."""
-    folder = customize_job(REPO / "jobs" / "fedvck", work / name, preset=preset, overrides=overrides, workflow_args={"num_rounds": rounds})
+
     load_before = os.getloadavg()[0]
-    run = run_simulator(folder, work / f"ws_{name}", len(sites), clients=sites, timeout=4 * 3600)
+    run = run_job("fedvck", work / name, sites, preset=preset, overrides=overrides, workflow_args={"num_rounds": rounds},
+                  timeout=4 * 3600)["run"]
     result_file = run.app_server / RESULT_FILE
     if run.returncode != 0 or not result_file.is_file() or "EXECUTION_EXCEPTION" in run.log:
         raise RuntimeError(f"{name} failed:\n{run.log[-3000:]}")

@@ -245,6 +245,19 @@ def cmd_baseline(args) -> dict[str, Any]:
     return result
 
 
+def cmd_report(args) -> dict[str, Any]:
+    from medflare.report.build import plan, report
+
+    def listed(text, cast=str):
+        return [cast(x.strip()) for x in text.split(",") if x.strip()] if text else None
+
+    rows = plan(listed(args.tasks), "quick" if args.quick else "full", methods=listed(args.methods),
+                sites=listed(args.sites), seeds=listed(args.seeds, int), rounds=args.rounds, skews=listed(args.skews, float))
+    path = report(Path(args.out), rows, rerun=args.rerun)
+    print(f"report written to {path}")
+    return {"report": str(path), "rows": len(rows)}
+
+
 # ---- the parser ------------------------------------------------------------------------------
 def _add_kind_options(parser: argparse.ArgumentParser) -> None:
     """Each registered kind's options, grouped under the kind's name."""
@@ -337,6 +350,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", dest="out_json", help="write the results table as JSON")
     add_sites(p)
     p.set_defaults(func=cmd_baseline)
+
+    p = sub.add_parser("report", help="every algorithm and baseline on the same sites: REPORT.md, CSV, JSON, figures",
+                       description="Run (or reuse) each method's job in the FLARE simulator on the same sites and score it "
+                                   "the same way; see docs/report.md.")
+    p.add_argument("--tasks", default="seg,cls", help="seg, cls or both (default seg,cls)")
+    p.add_argument("--out", required=True, help="output folder (records/ in it make a rerun resume)")
+    p.add_argument("--quick", action="store_true", help="small sites, 2 rounds, tiny presets (about 20 min on 2 CPU cores)")
+    p.add_argument("--methods", help="comma-separated subset, e.g. fedavg,fedsm,local (default: every method of the task)")
+    p.add_argument("--sites", help="comma-separated site names (default site-1..site-N of the mode); with MEDFLARE_DATA, your sites")
+    p.add_argument("--seeds", help="comma-separated seeds (default 0)")
+    p.add_argument("--rounds", type=int, help="rounds per job (default: 2 quick, 10 full)")
+    p.add_argument("--skews", help="Dirichlet betas of the classification tables (default 0.5,0.05)")
+    p.add_argument("--rerun", action="store_true", help="run every row again instead of reusing finished ones")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

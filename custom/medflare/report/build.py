@@ -1,0 +1,86 @@
+"""``medflare report``: run (or reuse) every row, then write REPORT.md, report.csv, report.json and the figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from medflare import ConfigError
+from medflare.report.figures import plot_task
+from medflare.report.methods import METHODS, methods_for
+from medflare.report.runner import Row, record_path, run_row
+from medflare.report.tables import describe_setting, group, key_metric, mark_ties, markdown, summary_row, to_csv
+
+#: quick = the 20-minute tour on a 2-core CPU; full = what the README quotes
+SETTINGS = {
+    "quick": {"seg": {"sites": 3, "rounds": 2}, "cls": {"sites": 4, "rounds": 2}, "skews": [0.5, 0.05]},
+    "full": {"seg": {"sites": 6, "rounds": 10}, "cls": {"sites": 10, "rounds": 10}, "skews": [0.5, 0.05]},
+}
+
+
+def plan(tasks: list[str], mode: str, *, methods: list[str] | None = None, sites: list[str] | None = None,
+         seeds: list[int] | None = None, rounds: int | None = None, skews: list[float] | None = None) -> list[Row]:
+    """Every row to run, in table order."""
+    if mode not in SETTINGS:
+        raise ConfigError(f"unknown mode '{mode}' (quick or full)")
+    rows = []
+    for task in tasks:
+        methods_for(task)  # ConfigError for an unknown task
+        cfg = SETTINGS[mode][task]
+        names = sites or [f"site-{i}" for i in range(1, cfg["sites"] + 1)]
+        for skew in (skews or SETTINGS[mode]["skews"]) if task == "cls" else [None]:
+            for seed in seeds or [0]:
+                rows += [Row(m, tuple(names), rounds or cfg["rounds"], mode, seed, skew) for m in methods_for(task, methods)]
+    return rows
+
+
+def report(out: Path, rows: list[Row], *, rerun: bool = False, log: Callable[[str], None] = print) -> Path:
+    """Run or reuse each row (progress on the terminal), then write the report; returns REPORT.md's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    records, start, done_s = [], time.perf_counter(), []
+    for k, row in enumerate(rows, 1):
+        reused = record_path(out, row).is_file() and not rerun
+        elapsed = time.perf_counter() - start
+        eta = f", about {sum(done_s) / len(done_s) * (len(rows) - k + 1) / 60:.0f} min left" if done_s else ""
+        log(f"[{k}/{len(rows)}] {row.key} ({'reused' if reused else 'running'}; {elapsed / 60:.1f} min elapsed{eta})")
+        tic = time.perf_counter()
+        records.append(run_row(row, out, rerun=rerun, log=log))
+        if not reused:
+            done_s.append(time.perf_counter() - tic)
+    write(out, records)
+    return out / "REPORT.md"
+
+
+def write(out: Path, records: list[dict[str, Any]]) -> None:
+    """REPORT.md + report.csv + report.json + one PNG per table from the records."""
+    parts = ["# medflare report", "",
+             "Every method on the same sites, scored the same way (`medflare evaluate` on each site's test split). "
+             "Bytes are payload arrays counted by a FLARE filter on the server (see docs/report.md); FLARE overhead is "
+             "wall time minus the busiest site's time between receiving a task and its result arriving; peak memory "
+             "is the largest resident size of a site's process. `~`: within the spread over seeds of the best method.",
+             f"Machine: {os.cpu_count()} CPUs; 1-minute load during the runs {_load_range(records)}.", ""]
+    all_rows, csv_parts = [], []
+    for (task, skew), runs in group(records).items():
+        rows = [summary_row(rs) for rs in runs.values()]
+        mark_ties(rows)
+        title = "Segmentation" if task == "seg" else f"Classification, Dirichlet({skew:g}) label skew"
+        sites = next(iter(runs.values()))[0]["sites"]
+        png = plot_task(runs, key_metric(task), title, out / f"{task}{'' if skew is None else f'_beta{skew:g}'}.png")
+        parts += [f"## {title}", "", describe_setting(runs), "", markdown(rows, task, sites), "", f"![{title}]({png.name})", ""]
+        for r in rows:
+            r.update(task=task, skew=skew)
+        all_rows += rows
+    (out / "REPORT.md").write_text("\n".join(parts))
+    (out / "report.csv").write_text(to_csv(all_rows))
+    (out / "report.json").write_text(json.dumps({"rows": all_rows, "records": records}, indent=1, default=float))
+
+
+def _load_range(records) -> str:
+    loads = [x for r in records for x in r.get("load", [])]
+    return f"{min(loads):.1f}-{max(loads):.1f}" if loads else "not recorded"
+
+
+__all__ = ["METHODS", "SETTINGS", "plan", "report", "write"]

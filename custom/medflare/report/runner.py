@@ -1,0 +1,220 @@
+"""One way to run a report row and record what it measured; the report and the benchmark scripts share it.
+
+:func:`run_job` runs one shipped job (exported from its recipe, customised with a preset, rounds and workflow
+arguments) in the FLARE simulator with a :class:`~medflare.report.traffic.TrafficMeter` on the server, while
+:class:`PeakMemory` samples the resident memory of every process of the run. :func:`run_row` turns a
+:class:`~medflare.report.methods.Method` into a record (a JSON-able dict): scores from ``medflare evaluate`` on the
+sites' test splits (the same scoring for every row), the learning curve, bytes each way per site and round,
+what kinds of payload left the sites, wall time, compute on the critical path and FLARE overhead (see
+:mod:`medflare.report.traffic`), peak memory per site process, and each site's epsilon where the result holds
+one. A record is written to disk and reused by the next run unless ``rerun`` (resume after an interruption).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from medflare import MedflareError
+from medflare.presets import get_preset
+from medflare.report.methods import SCORE_METRICS, Method, method_mode
+from medflare.report.traffic import LEDGER, meter_filters, read_ledger, summarize
+
+
+class PeakMemory:
+    """Peak resident memory (MB) of each process whose command line names ``marker`` (the run's workspace),
+    sampled every ``interval`` s in a thread: ``{client name or "server": MB}`` (a simulator site's worker is
+    ``--client <name>``; the simulator's own processes, which host the server, count as "server")."""
+
+    def __init__(self, marker: str, interval: float = 1.0):
+        self.marker, self.interval = marker, interval
+        self.peak: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "PeakMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def sample(self) -> None:
+        import psutil
+
+        for proc in psutil.process_iter(["cmdline", "memory_info"]):
+            cmd = proc.info.get("cmdline") or []
+            mem = proc.info.get("memory_info")
+            if mem is None or not any(self.marker in part for part in cmd):
+                continue
+            name = cmd[cmd.index("--client") + 1] if "--client" in cmd[:-1] else "server"
+            self.peak[name] = max(self.peak.get(name, 0.0), mem.rss / 2**20)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):  # a process may end between listing and reading it
+                self.sample()
+            self._stop.wait(self.interval)
+
+
+def export_job(name: str, dst: Path, *, preset: str, overrides: Mapping[str, Any] | None, workflow_args: Mapping[str, Any],
+               seed: int | None = None) -> Path:
+    """The recipe's job folder (as shipped under jobs/) customised for one run, with the traffic meters added;
+    ``seed`` goes to every component that takes one (persistors, executors, workflows)."""
+    from medflare.testing.export_jobs import export
+    from medflare.testing.jobconfig import components, customize_job
+
+    with tempfile.TemporaryDirectory() as tmp:
+        job = customize_job(export(name, Path(tmp)), dst, preset=preset, overrides=overrides, workflow_args=workflow_args)
+    for path in job.glob("app*/config/config_fed_*.json"):
+        config = json.loads(path.read_text())
+        if seed is not None:
+            for comp in components(config):
+                if "seed" in comp.get("args", {}):
+                    comp["args"]["seed"] = seed
+        if path.name == "config_fed_server.json":
+            meter_filters(config)
+        path.write_text(json.dumps(config, indent=2))
+    return job
+
+
+def run_job(name: str, work: Path, sites: list[str], *, preset: str, overrides: Mapping[str, Any] | None = None,
+            workflow_args: Mapping[str, Any] | None = None, seed: int | None = None, timeout: float = 6 * 3600,
+            env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Run job ``name`` in the simulator on ``sites``; returns the SimRun, traffic summary and peak memory."""
+    from medflare.testing.simrun import run_simulator
+
+    job = export_job(name, work / "job", preset=preset, overrides=overrides, workflow_args=workflow_args or {}, seed=seed)
+    ws = work / "ws"
+    with PeakMemory(str(ws)) as memory:
+        run = run_simulator(job, ws, len(sites), clients=sites, timeout=timeout, env=dict(env or {}))
+    if run.returncode != 0 or "EXECUTION_EXCEPTION" in run.log:
+        raise MedflareError(f"job '{name}' failed in the simulator (workspace {ws}):\n{run.log[-3000:]}")
+    traffic = summarize(read_ledger(run.app_server / LEDGER))
+    return {"run": run, "traffic": traffic, "peak_mb": memory.peak}
+
+
+@dataclass(frozen=True)
+class Row:
+    """What to run: a method on a task's sites at one skew (classification) and seed, for ``rounds`` rounds."""
+
+    method: Method
+    sites: tuple[str, ...]
+    rounds: int
+    mode: str = "quick"
+    seed: int = 0
+    skew: float | None = None
+
+    @property
+    def preset(self) -> str:
+        return self.method.presets[self.mode]
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        if self.skew is not None:  # same Dirichlet split of the same synthetic pool for every classification row
+            data.update(beta=self.skew, num_sites=max(len(self.sites), 2))
+        return {"data": data} if data else {}
+
+    @property
+    def key(self) -> str:
+        skew = f"_beta{self.skew:g}" if self.skew is not None else ""
+        return f"{self.method.task}{skew}/{self.method.name}_seed{self.seed}"
+
+
+def record_path(out: Path, row: Row) -> Path:
+    return out / "records" / f"{row.key}.json"
+
+
+def run_row(row: Row, out: Path, *, rerun: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The row's record: read from ``out/records`` when it is there (unless ``rerun``), else measured and written."""
+    path = record_path(out, row)
+    if path.is_file() and not rerun:
+        return json.loads(path.read_text())
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    record = _standalone(row) if row.method.standalone else _federated(row, out / "runs" / row.key, log)
+    record.update(method=row.method.name, label=row.method.label, task=row.method.task, skew=row.skew, seed=row.seed,
+                  sites=list(row.sites), rounds=row.rounds, mode=row.mode, preset=row.preset,
+                  local_epochs=get_preset(row.preset, row.overrides)["train"].get("epochs"),
+                  seconds=time.perf_counter() - start, load=[load, os.getloadavg()[0]])
+    if row.method.standalone:
+        record.update(compute_s=record["seconds"], overhead_s=0.0)
+    else:
+        record.update(compute_s=record["traffic"]["compute_s"], overhead_s=record["seconds"] - record["traffic"]["compute_s"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, default=float))
+    return record
+
+
+def _standalone(row: Row) -> dict[str, Any]:
+    from medflare.baselines.standalone import run_standalone
+
+    epochs = row.rounds * int(get_preset(row.preset, row.overrides)["train"].get("epochs", 1))
+    scoring = {**row.overrides, "eval": {"metrics": SCORE_METRICS[row.method.task]}}
+    table = run_standalone(method_mode(row.method), row.preset, list(row.sites), epochs=epochs, overrides=scoring,
+                           seed=row.seed, log=lambda m: None)
+    per_round = table["curve"][epochs // row.rounds - 1 :: epochs // row.rounds]
+    return {"scores": {"sites": table["sites"], "client_average": table["client_average"], "global": table["global"]},
+            "curve": per_round, "traffic": None, "peak_mb": {}, "epsilon": None}
+
+
+def _federated(row: Row, work: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    from medflare.cli import main as medflare_main
+
+    m = row.method
+    workflow = {"num_rounds": row.rounds, **m.workflow}
+    if m.flare_clients_arg:
+        workflow["num_clients"] = len(row.sites)
+    out = run_job(m.job, work, list(row.sites), preset=row.preset, overrides=row.overrides, workflow_args=workflow, seed=row.seed)
+    run = out["run"]
+    result = run.app_server / m.result
+    scores_json = work / "scores.json"
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = medflare_main(["evaluate", "--model", str(result), "--sites", ",".join(row.sites), "--out", str(scores_json),
+                              "--metrics", ",".join(SCORE_METRICS[m.task])])
+    if code != 0:
+        raise MedflareError(f"medflare evaluate failed on '{result}'")
+    evaluation = json.loads(scores_json.read_text())["evaluations"][0]
+    scores = {"sites": {s: r["mean"] for s, r in evaluation["sites"].items()},
+              "client_average": evaluation["client_average"], "global": evaluation["global"]}
+    key = get_preset(row.preset, row.overrides)["eval"]["key_metric"]
+    return {"scores": scores, "curve": _curve(run, m, key, row.sites), "traffic": out["traffic"],
+            "peak_mb": out["peak_mb"], "epsilon": _epsilon(result), "workspace": str(run.workspace)}
+
+
+def _curve(run, method: Method, key: str, sites) -> list[float]:
+    """Mean over sites (or the server's value) of the method's curve tag, one value per step in step order."""
+    tag = method.curve.format(key=key)
+    scalars = run.scalars()
+    series = [dict(v[tag]) for name, v in scalars.items() if tag in v and ((name not in sites) if method.curve_on_server else (name in sites))]
+    steps = sorted({s for d in series for s in d})
+    return [sum(d[s] for d in series if s in d) / max(1, sum(s in d for d in series)) for s in steps]
+
+
+def _epsilon(result: Path) -> dict[str, float] | None:
+    """Every ``epsilon`` the saved result's metadata holds, by site (FedIOD writes each site's with its student)."""
+    from medflare.common.results import read_checkpoint
+
+    found: dict[str, float] = {}
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, Mapping):
+            for k, v in node.items():
+                if k == "epsilon" and isinstance(v, (int, float)):
+                    found[where or "?"] = float(v)
+                else:
+                    walk(v, str(k) if isinstance(v, Mapping) else where)
+
+    walk(read_checkpoint(result).get("meta_props", {}), "")
+    return {k: v for k, v in found.items() if not math.isnan(v)} or None

@@ -1,0 +1,128 @@
+"""REPORT.md, report.csv and report.json from the rows' records (no FLARE, no torch: plain data in, text out).
+
+One table per task (and label skew for classification), one line per method: the key metric per site, its client
+average (sites weighted equally) and global value (cases weighted equally), HD95 for segmentation, then what the
+method cost: bytes per site and round up (site -> server) and down, the total over the job, the kinds of payload
+that left the sites, wall time, FLARE overhead, peak memory of the largest site process, and epsilon where DP was
+on. With several seeds a cell is mean +- standard deviation over seeds, and a method whose client average is
+within the larger of the two spreads of the best method's is marked ``~`` (not distinguishable at this many seeds).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+from collections import defaultdict
+from typing import Any, Iterable, Mapping
+
+SEG_KEY, CLS_KEY = "dice", "accuracy"
+
+
+def key_metric(task: str) -> str:
+    return SEG_KEY if task == "seg" else CLS_KEY
+
+
+def group(records: Iterable[Mapping[str, Any]]) -> dict[tuple[str, Any], dict[str, list[Mapping[str, Any]]]]:
+    """``{(task, skew): {method: [record per seed]}}`` in the order the records come."""
+    out: dict[tuple[str, Any], dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        out[(r["task"], r.get("skew"))][r["method"]].append(r)
+    return out
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    values = [v for v in values if v is not None and v == v]
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def summary_row(runs: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """One method's numbers over its seeds (means; ``*_sd`` the spread)."""
+    task = runs[0]["task"]
+    key = key_metric(task)
+    row: dict[str, Any] = {"method": runs[0]["method"], "label": runs[0]["label"], "seeds": [r["seed"] for r in runs]}
+    sites = runs[0]["sites"]
+    for s in sites:
+        row[f"{key}/{s}"], _ = _mean_sd([r["scores"]["sites"].get(s, {}).get(key) for r in runs])
+    row["client_average"], row["client_average_sd"] = _mean_sd([r["scores"]["client_average"].get(key) for r in runs])
+    row["global"], row["global_sd"] = _mean_sd([r["scores"]["global"].get(key) for r in runs])
+    if task == "seg":
+        row["hd95"], _ = _mean_sd([r["scores"]["client_average"].get("hd95") for r in runs])
+    traffic = [r["traffic"] for r in runs if r.get("traffic")]
+    row["up_B_per_site_round"] = _mean_sd([t["per_site_round"]["up"] for t in traffic])[0] if traffic else 0.0
+    row["down_B_per_site_round"] = _mean_sd([t["per_site_round"]["down"] for t in traffic])[0] if traffic else 0.0
+    row["total_MB"] = _mean_sd([(t["total"]["up"] + t["total"]["down"]) / 1e6 for t in traffic])[0] if traffic else 0.0
+    row["sent"] = ", ".join(traffic[0]["kinds"]["up"]) if traffic else "nothing (no federation)"
+    row["wall_s"], _ = _mean_sd([r["seconds"] for r in runs])
+    row["overhead_s"], _ = _mean_sd([r["overhead_s"] for r in runs])
+    peaks = [max(v for k, v in r["peak_mb"].items() if k != "server") for r in runs if any(k != "server" for k in r.get("peak_mb", {}))]
+    row["peak_site_MB"] = max(peaks) if peaks else float("nan")
+    eps = [max(r["epsilon"].values()) for r in runs if r.get("epsilon")]
+    row["epsilon"] = max(eps) if eps else None
+    row["load"] = [round(x, 1) for r in runs for x in r.get("load", [])]
+    return row
+
+
+def mark_ties(rows: list[dict[str, Any]]) -> None:
+    """``tie`` = the method's client average is within the spread of the best method's (several seeds only)."""
+    scored = [r for r in rows if r["client_average"] == r["client_average"]]
+    if not scored:
+        return
+    best = max(scored, key=lambda r: r["client_average"])
+    for r in rows:
+        spread = max(r["client_average_sd"], best["client_average_sd"])
+        r["tie"] = r is not best and len(r["seeds"]) > 1 and spread > 0 and best["client_average"] - r["client_average"] <= spread
+
+
+def _pct(v: float, sd: float | None = None) -> str:
+    if v != v:
+        return "-"
+    return f"{100 * v:.2f}" + (f" +- {100 * sd:.2f}" if sd else "")
+
+
+def _bytes(v: float) -> str:
+    return "-" if not v else (f"{v / 1e6:.2f} MB" if v >= 1e6 else f"{v / 1e3:.1f} kB")
+
+
+def markdown(rows: list[dict[str, Any]], task: str, sites: list[str]) -> str:
+    key = key_metric(task)
+    head = ["method", *sites, "client avg", "global"] + (["HD95"] if task == "seg" else []) + [
+        "up / site / round", "down / site / round", "total", "what left the sites", "wall s", "FLARE overhead s",
+        "peak MB / site", "epsilon"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["label"] + (" ~" if r.get("tie") else "")]
+        cells += [_pct(r[f"{key}/{s}"]) for s in sites]
+        cells += [_pct(r["client_average"], r["client_average_sd"]), _pct(r["global"], r["global_sd"])]
+        if task == "seg":
+            cells.append("-" if r["hd95"] != r["hd95"] else f"{r['hd95']:.2f}")
+        cells += [_bytes(r["up_B_per_site_round"]), _bytes(r["down_B_per_site_round"]),
+                  "-" if not r["total_MB"] else f"{r['total_MB']:.2f} MB", r["sent"], f"{r['wall_s']:.0f}",
+                  f"{r['overhead_s']:.0f}", "-" if r["peak_site_MB"] != r["peak_site_MB"] else f"{r['peak_site_MB']:.0f}",
+                  "-" if r["epsilon"] is None else f"{r['epsilon']:.3g}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def to_csv(rows: list[dict[str, Any]]) -> str:
+    names = list(dict.fromkeys(k for r in rows for k in r))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=names)
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in r.items()})
+    return buf.getvalue()
+
+
+def describe_setting(runs: Mapping[str, list[Mapping[str, Any]]]) -> str:
+    """The line above a table: sites, rounds, local epochs, seeds, mode, presets."""
+    first = next(iter(runs.values()))[0]
+    seeds = sorted({r["seed"] for rs in runs.values() for r in rs})
+    presets = sorted({r["preset"] for rs in runs.values() for r in rs})
+    epochs = sorted({r["local_epochs"] for rs in runs.values() for r in rs if r.get("local_epochs") is not None})
+    return (f"Sites {', '.join(first['sites'])}; {first['rounds']} rounds (local/centralised: the same number of passes "
+            f"over the data); local epochs per round {', '.join(map(str, epochs))}; seeds {', '.join(map(str, seeds))}; "
+            f"{first['mode']} mode; presets {', '.join(presets)}.")

@@ -1,0 +1,120 @@
+"""What crossed the wire, measured where FLARE sees it: a server filter on task data (down) and results (up).
+
+:class:`TrafficMeter` is a FLARE ``Filter``. The report's runner adds one to the server's ``task_data_filters``
+(last, so it sees what actually leaves the server after any other filter) and one to its
+``task_result_filters`` (first, so it sees what the site sent, before the update guard). Each call appends one
+JSON line to ``traffic.jsonl`` in the server's app folder: time, direction, site, task, round, payload bytes
+(:func:`medflare.common.payload.payload_bytes`: the arrays' bytes, not FLARE's serialised message, which adds
+headers and compression) and the DXO data kind of every part (WEIGHTS, WEIGHT_DIFF, a custom kind such as
+FedIOD's logits, ...): what kind of thing left the site. Shipped jobs do not carry it; it is a measuring
+instrument (it reads, never changes, a payload).
+
+:func:`summarize` turns the lines into per-site, per-round byte counts and into each site's busy time (result
+received minus task handed out, summed over its tasks): the compute on the critical path is the busiest site's
+total, and the report's "FLARE overhead" is the job's wall time minus it (startup, messaging, waiting for the
+slowest site is counted as compute, server-side aggregation and scoring).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from nvflare.apis.dxo import from_shareable
+from nvflare.apis.filter import Filter
+from nvflare.apis.fl_constant import FLContextKey, ReturnCode
+from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import ReservedHeaderKey, Shareable
+
+from medflare import ConfigError
+from medflare.common.component import keep_args
+from medflare.common.payload import payload_bytes
+from medflare.common.result_guard import dxo_parts, result_round
+
+LEDGER = "traffic.jsonl"
+DIRECTIONS = ("down", "up")
+
+
+class TrafficMeter(Filter):
+    """Server filter that records every payload's size and data kinds (module docstring).
+
+    Args:
+        direction: "down" in the server's task_data_filters, "up" in its task_result_filters.
+    """
+
+    def __init__(self, direction: str = "up"):
+        super().__init__()
+        if direction not in DIRECTIONS:
+            raise ConfigError(f"TrafficMeter: 'direction' must be one of {DIRECTIONS}, got {direction!r}")
+        keep_args(self, direction=direction)
+        self._lock = threading.Lock()
+
+    def process(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
+        if shareable.get_return_code(ReturnCode.OK) != ReturnCode.OK:
+            return shareable
+        try:
+            dxo = from_shareable(shareable)
+        except ValueError:
+            return shareable
+        peer = fl_ctx.get_peer_context()
+        rnd = result_round(shareable)
+        row = {"t": time.time(), "dir": self.direction, "site": peer.get_identity_name() if peer is not None else "?",
+               "task": fl_ctx.get_prop(FLContextKey.TASK_NAME) or shareable.get_header(ReservedHeaderKey.TASK_NAME, ""),
+               "round": rnd if isinstance(rnd, int) else None, "bytes": payload_bytes(dxo),
+               "kinds": sorted({p.kind for p in dxo_parts(dxo).values() if p.kind})}
+        app_root = fl_ctx.get_prop(FLContextKey.APP_ROOT)
+        if app_root:
+            with self._lock, open(Path(app_root) / LEDGER, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        return shareable
+
+
+def meter_filters(config: dict) -> None:
+    """Put a down meter last in the server's task-data chains and an up meter first in its result chains (FLARE
+    allows one chain per task), for the tasks the result filters name (every medflare job's update guard does)."""
+    path = f"{__name__}.TrafficMeter"
+    results = config.setdefault("task_result_filters", [])
+    if not results:
+        results.append({"tasks": ["*"], "filters": []})
+    tasks = sorted({t for chain in results for t in chain.get("tasks", [])})
+    for chain in results:
+        chain["filters"] = [{"path": path, "args": {"direction": "up"}}, *chain.get("filters", [])]
+    data = config.setdefault("task_data_filters", [])
+    covered = {t for chain in data for t in chain.get("tasks", [])}
+    for chain in data:
+        chain["filters"] = [*chain.get("filters", []), {"path": path, "args": {"direction": "down"}}]
+    missing = [t for t in tasks if t not in covered]
+    if missing:
+        data.append({"tasks": missing, "filters": [{"path": path, "args": {"direction": "down"}}]})
+
+
+def read_ledger(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def summarize(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Bytes per site and round each way, totals, kinds each way, and each site's busy seconds (module docstring)."""
+    per_site: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"down": 0, "up": 0}))
+    kinds = {"down": set(), "up": set()}
+    pending: dict[str, list[float]] = defaultdict(list)
+    busy: dict[str, float] = defaultdict(float)
+    for row in sorted(rows, key=lambda r: r["t"]):
+        site, d = row["site"], row["dir"]
+        per_site[site][str(row.get("round"))][d] += int(row["bytes"])
+        kinds[d].update(row.get("kinds", []))
+        if d == "down":
+            pending[site].append(row["t"])
+        elif pending[site]:
+            busy[site] += row["t"] - pending[site].pop(0)
+    sites = sorted(per_site)
+    total = {d: sum(r[d] for s in sites for r in per_site[s].values()) for d in DIRECTIONS}
+    rounds = {s: len(per_site[s]) for s in sites}
+    per_site_round = {d: (total[d] / sum(rounds.values()) if sum(rounds.values()) else 0.0) for d in DIRECTIONS}
+    return {"per_site": {s: dict(per_site[s]) for s in sites}, "total": total, "per_site_round": per_site_round,
+            "kinds": {d: sorted(k) for d, k in kinds.items()}, "busy_s": dict(busy),
+            "compute_s": max(busy.values()) if busy else 0.0}

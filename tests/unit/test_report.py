@@ -1,0 +1,140 @@
+"""medflare report without running jobs: the traffic meter and its summary, the filter chains it joins, the
+tables (per-seed spread and ties), the bytes axis of the figures, resume from records, the plan of rows."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from nvflare.apis.dxo import DXO, DataKind
+from nvflare.apis.fl_constant import FLContextKey, ReturnCode
+from nvflare.apis.fl_context import FLContext
+from nvflare.app_common.app_constant import AppConstants
+
+from medflare import ConfigError
+from medflare.common.payload import collection
+from medflare.report import runner
+from medflare.report.build import plan, write
+from medflare.report.figures import bytes_axis
+from medflare.report.methods import METHODS, methods_for
+from medflare.report.tables import mark_ties, markdown, summary_row
+from medflare.report.traffic import LEDGER, TrafficMeter, meter_filters, read_ledger, summarize
+
+
+def _row(t, d, site, rnd, b, kinds=("WEIGHTS",)):
+    return {"t": t, "dir": d, "site": site, "task": "train", "round": rnd, "bytes": b, "kinds": list(kinds)}
+
+
+def test_summary_counts_bytes_per_site_and_round_and_the_busiest_site_is_the_compute():
+    rows = [_row(0.0, "down", "a", 0, 100), _row(0.0, "down", "b", 0, 100), _row(2.0, "up", "a", 0, 10, ["WEIGHT_DIFF"]),
+            _row(5.0, "up", "b", 0, 30, ["WEIGHT_DIFF"]), _row(6.0, "down", "a", 1, 100), _row(6.5, "down", "b", 1, 100),
+            _row(9.0, "up", "a", 1, 20, ["WEIGHT_DIFF"]), _row(7.5, "up", "b", 1, 40, ["WEIGHT_DIFF"])]
+    s = summarize(rows)
+    assert s["per_site"]["a"]["0"] == {"down": 100, "up": 10} and s["per_site"]["b"]["1"] == {"down": 100, "up": 40}
+    assert s["total"] == {"down": 400, "up": 100}
+    assert s["per_site_round"] == {"down": 100.0, "up": 25.0}
+    assert s["busy_s"] == pytest.approx({"a": 2.0 + 3.0, "b": 5.0 + 1.0})
+    assert s["compute_s"] == pytest.approx(6.0)
+    assert s["kinds"] == {"down": ["WEIGHTS"], "up": ["WEIGHT_DIFF"]}
+
+
+def test_meter_records_a_collection_with_each_parts_kind(tmp_path):
+    meter = TrafficMeter("up")
+    parts = collection({"w": DXO(DataKind.WEIGHT_DIFF, data={"x": np.zeros(10, np.float32)}),
+                        "s": DXO(DataKind.STATISTICS, data={"m": np.zeros(3, np.float64)})})
+    shareable = parts.to_shareable()
+    shareable.set_header(AppConstants.CURRENT_ROUND, 4)
+    ctx = FLContext()
+    ctx.set_prop(FLContextKey.APP_ROOT, str(tmp_path), private=True, sticky=False)
+    ctx.set_prop(FLContextKey.TASK_NAME, "train", private=True, sticky=False)
+    assert meter.process(shareable, ctx) is shareable
+    (row,) = read_ledger(tmp_path / LEDGER)
+    assert row["bytes"] == 10 * 4 + 3 * 8 and row["round"] == 4 and row["kinds"] == ["STATISTICS", "WEIGHT_DIFF"]
+    refused = parts.to_shareable()
+    refused.set_return_code(ReturnCode.EXECUTION_EXCEPTION)
+    meter.process(refused, ctx)
+    assert len(read_ledger(tmp_path / LEDGER)) == 1  # an error reply carries no payload
+    with pytest.raises(ConfigError, match="direction"):
+        TrafficMeter("sideways")
+
+
+def test_meters_join_the_existing_chains_once_per_task():
+    guard = {"path": "medflare.common.result_guard.UpdateGuard", "args": {}}
+    config = {"task_result_filters": [{"tasks": ["train", "validate"], "filters": [guard]}],
+              "task_data_filters": [{"tasks": ["train"], "filters": [{"path": "x.Y", "args": {}}]}]}
+    meter_filters(config)
+    (results,) = config["task_result_filters"]
+    assert results["filters"][0]["args"] == {"direction": "up"} and results["filters"][1] is guard  # before the guard
+    train, validate = config["task_data_filters"]
+    assert train["filters"][-1]["args"] == {"direction": "down"} and train["filters"][0]["path"] == "x.Y"  # after the others
+    assert validate == {"tasks": ["validate"], "filters": [{"path": "medflare.report.traffic.TrafficMeter", "args": {"direction": "down"}}]}
+
+
+def _record(method, seed, avg, sites=("s1", "s2"), task="cls", traffic=True):
+    per = {s: {"accuracy": avg + (0.01 if i else -0.01)} for i, s in enumerate(sites)}
+    t = {"per_site_round": {"up": 1000.0, "down": 2000.0}, "total": {"up": 4000, "down": 8000},
+         "kinds": {"up": ["WEIGHT_DIFF"], "down": ["WEIGHTS"]},
+         "per_site": {s: {"0": {"up": 500, "down": 1000}, "1": {"up": 500, "down": 1000}} for s in sites}}
+    return {"method": method, "label": method.upper(), "task": task, "skew": 0.5, "seed": seed, "sites": list(sites), "rounds": 2,
+            "mode": "quick", "preset": "p", "local_epochs": 1, "scores": {"sites": per, "client_average": {"accuracy": avg},
+            "global": {"accuracy": avg}}, "curve": [avg / 2, avg], "traffic": t if traffic else None, "seconds": 10.0,
+            "overhead_s": 4.0, "peak_mb": {"server": 900.0, "s1": 400.0, "s2": 450.0}, "epsilon": {"s1": 2.0} if method == "dp" else None,
+            "load": [1.0, 2.0]}
+
+
+def test_tables_mean_and_spread_over_seeds_and_mark_what_the_spread_cannot_separate():
+    rows = [summary_row([_record("a", 0, 0.80), _record("a", 1, 0.90)]),
+            summary_row([_record("b", 0, 0.82), _record("b", 1, 0.84)]),
+            summary_row([_record("c", 0, 0.40), _record("c", 1, 0.42)])]
+    assert rows[0]["client_average"] == pytest.approx(0.85) and rows[0]["client_average_sd"] == pytest.approx(0.0707, abs=1e-4)
+    mark_ties(rows)
+    assert [r.get("tie") for r in rows] == [False, True, False]  # b within a's spread, c far below
+    md = markdown(rows, "cls", ["s1", "s2"])
+    assert "| A | 84.00 | 86.00 | 85.00 +- 7.07 |" in md and "| B ~ |" in md
+    assert "1.0 kB | 2.0 kB | 0.01 MB | WEIGHT_DIFF | 10 | 4 | 450 | - |" in md
+    assert summary_row([_record("dp", 0, 0.5)])["epsilon"] == 2.0
+
+
+def test_bytes_axis_is_cumulative_per_round():
+    r = _record("a", 0, 0.8)
+    assert bytes_axis(r) == pytest.approx([0.003, 0.006])  # 2 sites x (500 + 1000) B per round
+    assert bytes_axis(_record("l", 0, 0.8, traffic=False)) == [0.0, 0.0]
+
+
+def test_a_finished_row_is_reused_unless_rerun(tmp_path, monkeypatch):
+    row = runner.Row(METHODS["cls_fedavg"], ("site-1", "site-2"), 2, skew=0.5)
+    calls = []
+
+    def fake(row, work, log):
+        calls.append(row.key)
+        return {"scores": {}, "curve": [], "traffic": {"compute_s": 1.5}, "peak_mb": {}, "epsilon": None}
+
+    monkeypatch.setattr(runner, "_federated", fake)
+    first = runner.run_row(row, tmp_path)
+    again = runner.run_row(row, tmp_path)
+    assert calls == ["cls_beta0.5/cls_fedavg_seed0"] and again == json.loads(json.dumps(first, default=float))
+    assert first["overhead_s"] == pytest.approx(first["seconds"] - 1.5)
+    runner.run_row(row, tmp_path, rerun=True)
+    assert len(calls) == 2
+
+
+def test_plan_and_method_selection():
+    rows = plan(["seg", "cls"], "quick")
+    assert len(rows) == 10 + 2 * 7 and {r.rounds for r in rows} == {2}
+    assert [m.name for m in methods_for("cls", ["fedavg", "fedvck"])] == ["cls_fedavg", "fedvck"]
+    assert plan(["cls"], "full", seeds=[0, 1, 2], skews=[0.1])[0].overrides == {"data": {"beta": 0.1, "num_sites": 10}}
+    with pytest.raises(ConfigError, match="unknown method"):
+        methods_for("seg", ["fedxyz"])
+    with pytest.raises(ConfigError, match="unknown task"):
+        plan(["det"], "quick")
+
+
+def test_write_makes_report_csv_json_and_a_figure(tmp_path):
+    records = [_record("a", 0, 0.8), _record("b", 0, 0.6, traffic=False)]
+    write(tmp_path, records)
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "Classification, Dirichlet(0.5)" in text and "seeds 0" in text and "![" in text
+    assert (tmp_path / "cls_beta0.5.png").stat().st_size > 1000
+    assert (tmp_path / "report.csv").read_text().splitlines()[0].startswith("method,label,seeds")
+    assert len(json.loads((tmp_path / "report.json").read_text())["rows"]) == 2

@@ -138,3 +138,12 @@ def test_write_makes_report_csv_json_and_a_figure(tmp_path):
     assert (tmp_path / "cls_beta0.5.png").stat().st_size > 1000
     assert (tmp_path / "report.csv").read_text().splitlines()[0].startswith("method,label,seeds")
     assert len(json.loads((tmp_path / "report.json").read_text())["rows"]) == 2
+
+
+def test_payload_size_counts_arrays_in_meta_too():
+    """FLARE's SCAFFOLD sends its control variates in the DXO's meta: they cross the wire and count."""
+    from medflare.report.traffic import payload_size
+
+    dxo = DXO(DataKind.WEIGHT_DIFF, data={"w": np.zeros(5, np.float32)}, meta={"c": {"w": np.zeros(5, np.float32)}, "n": 3})
+    assert payload_size(dxo) == 40
+    assert payload_size(collection({"a": dxo, "b": DXO(DataKind.METRICS, data={"acc": 0.5})})) == 40

@@ -54,7 +54,7 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("fedsm_extra", "FedSM-extra", "seg", _SEG, "fedsm", "FedSM_super_model.pt", curve="val/own_or_global_{key}",
            workflow={"extra_rounds": 1}),
     Method("fediod_seg", "FedIOD-seg", "seg", {"quick": "fediod_seg_tiny", "full": "fediod_seg"}, "fediod_seg",
-           "FedIOD_student.pt", curve="student/{key}"),
+           "FedIOD_student.pt", curve="student/val_{key}"),
     Method("fedst_separate", "FedST-separate", "seg", {"quick": "fedst_tiny", "full": "fedst"}, "fedst_separate",
            "FedST_style_store.pt"),
     Method("fedst_join", "FedST-join", "seg", {"quick": "fedst_tiny", "full": "fedst"}, "fedst_join", "FedST_join_generator.pt"),
@@ -66,7 +66,7 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("fedvck", "FedVCK", "cls", {"quick": "fedvck_synthetic_tiny", "full": "fedvck_synthetic"}, "fedvck",
            "FedVCK_result.pt", curve="val_accuracy_pooled", curve_on_server=True),
     Method("fediod", "FedIOD", "cls", {"quick": "fediod_cls_tiny", "full": "fediod_cls"}, "fediod", "FedIOD_student.pt",
-           curve="student/{key}"),
+           curve="student/val_{key}"),
     Method("cls_local", "local only", "cls", _CLS),
     Method("cls_central", "centralised", "cls", _CLS),
 ]}

@@ -4,8 +4,8 @@
 (last, so it sees what actually leaves the server after any other filter) and one to its
 ``task_result_filters`` (first, so it sees what the site sent, before the update guard). Each call appends one
 JSON line to ``traffic.jsonl`` in the server's app folder: time, direction, site, task, round, payload bytes
-(:func:`medflare.common.payload.payload_bytes`: the arrays' bytes, not FLARE's serialised message, which adds
-headers and compression) and the DXO data kind of every part (WEIGHTS, WEIGHT_DIFF, a custom kind such as
+(:func:`payload_size`: the arrays' bytes in the DXO's data and meta, e.g. FLARE's SCAFFOLD sends its control
+variates in meta; not FLARE's serialised message, which adds headers and compression) and the DXO data kind of every part (WEIGHTS, WEIGHT_DIFF, a custom kind such as
 FedIOD's logits, ...): what kind of thing left the site. Shipped jobs do not carry it; it is a measuring
 instrument (it reads, never changes, a payload).
 
@@ -24,7 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from nvflare.apis.dxo import from_shareable
+from nvflare.apis.dxo import DXO, DataKind, from_shareable
 from nvflare.apis.filter import Filter
 from nvflare.apis.fl_constant import FLContextKey, ReturnCode
 from nvflare.apis.fl_context import FLContext
@@ -64,13 +64,20 @@ class TrafficMeter(Filter):
         rnd = result_round(shareable)
         row = {"t": time.time(), "dir": self.direction, "site": peer.get_identity_name() if peer is not None else "?",
                "task": fl_ctx.get_prop(FLContextKey.TASK_NAME) or shareable.get_header(ReservedHeaderKey.TASK_NAME, ""),
-               "round": rnd if isinstance(rnd, int) else None, "bytes": payload_bytes(dxo),
+               "round": rnd if isinstance(rnd, int) else None, "bytes": payload_size(dxo),
                "kinds": sorted({p.kind for p in dxo_parts(dxo).values() if p.kind})}
         app_root = fl_ctx.get_prop(FLContextKey.APP_ROOT)
         if app_root:
             with self._lock, open(Path(app_root) / LEDGER, "a") as f:
                 f.write(json.dumps(row) + "\n")
         return shareable
+
+
+def payload_size(dxo: DXO) -> int:
+    """Bytes of every array in ``dxo``'s data and meta, and in each part's of a COLLECTION."""
+    parts = dxo.data.values() if dxo.data_kind == DataKind.COLLECTION and isinstance(dxo.data, Mapping) else []
+    own = 0 if parts else payload_bytes(dxo.data)
+    return own + payload_bytes(dict(dxo.meta or {})) + sum(payload_size(p) if isinstance(p, DXO) else payload_bytes(p) for p in parts)
 
 
 def meter_filters(config: dict) -> None:

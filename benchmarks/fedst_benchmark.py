@@ -83,7 +83,7 @@ def run_method(method: str, sites: list[str], rounds: int, preset: str, work: Pa
     if method in FL_JOBS:
         row = run_fl(method, sites, rounds, preset, work)
     elif method == "fedsm":
-        sm, curve, seconds = run_fedsm("fedsm", sites, rounds, preset, work)
+        sm, curve, seconds, _ = run_fedsm("fedsm", sites, rounds, preset, work)
         row = {**score_sites(None, sites, preset, predict=sm.predictor(0.9)), "curve": curve, "curve_x": list(range(len(curve))),
                "seconds": seconds}
         row.pop("choices", None)

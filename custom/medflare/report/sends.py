@@ -69,7 +69,11 @@ def plot_sends(runs: Mapping[str, Iterable[Mapping[str, Any]]], title: str, path
             continue
         first = next(iter(records), None)
         root = tb_root(first) if first else None
-        images = last_images(root, SEND_TAGS[method][0], per_method) if root else []
+        try:
+            images = last_images(root, SEND_TAGS[method][0], per_method) if root else []
+        except Exception as exc:  # noqa: BLE001 - an unreadable event file costs its row, never the report
+            print(f"sends figure: {method} skipped ({type(exc).__name__}: {exc})")
+            images = []
         if images:
             found.append((first.get("label", method), SEND_TAGS[method][1], images))
     if not found:
@@ -80,17 +84,18 @@ def plot_sends(runs: Mapping[str, Iterable[Mapping[str, Any]]], title: str, path
     import matplotlib.pyplot as plt
 
     cols = max(len(images) for _, _, images in found)
-    fig, axes = plt.subplots(len(found), cols, figsize=(2.6 * cols, 2.8 * len(found)), squeeze=False)
+    fig = plt.figure(figsize=(2.6 * cols, 2.8 * len(found)))
+    grid = fig.add_gridspec(len(found), cols)
     for r, (label, caption, images) in enumerate(found):
-        for c in range(cols):
-            ax = axes[r][c]
+        # a row of one image (FedIOD's sample grid: one wide strip) spans the whole row instead of one narrow cell
+        spans = [grid[r, :]] if len(images) == 1 else [grid[r, c] for c in range(len(images))]
+        axes = [fig.add_subplot(span) for span in spans]
+        for ax, (name, img) in zip(axes, images):
             ax.axis("off")
-            if c < len(images):
-                name, img = images[c]
-                ax.imshow(img, interpolation="nearest")
-                ax.set_title(name, fontsize=6)
-        axes[r][0].text(-0.05, 0.5, f"{label}\n{caption}", transform=axes[r][0].transAxes, ha="right", va="center",
-                        fontsize=7, wrap=True)
+            ax.imshow(img, interpolation="nearest")
+            ax.set_title(name, fontsize=6)
+        axes[0].text(-0.05, 0.5, f"{label}\n{caption}", transform=axes[0].transAxes, ha="right", va="center",
+                     fontsize=7, wrap=True)
     fig.suptitle(f"{title}: what the methods send")
     fig.tight_layout(rect=(0.12, 0, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -84,7 +84,7 @@ def plot_sends(runs: Mapping[str, Iterable[Mapping[str, Any]]], title: str, path
     import matplotlib.pyplot as plt
 
     cols = max(len(images) for _, _, images in found)
-    fig = plt.figure(figsize=(2.6 * cols, 2.8 * len(found)))
+    fig = plt.figure(figsize=(2.6 * cols, 1.9 * len(found) + 0.5))
     grid = fig.add_gridspec(len(found), cols)
     for r, (label, caption, images) in enumerate(found):
         # a row of one image (FedIOD's sample grid: one wide strip) spans the whole row instead of one narrow cell

@@ -12,6 +12,7 @@ from medflare import ConfigError
 from medflare.report.figures import plot_task
 from medflare.report.methods import METHODS, methods_for
 from medflare.report.runner import Row, record_path, run_row
+from medflare.report.sends import plot_sends
 from medflare.report.tables import describe_setting, group, key_metric, mark_ties, markdown, summary_row, to_csv
 
 #: quick = the 20-minute tour on a 2-core CPU; full = what the README quotes
@@ -55,7 +56,8 @@ def report(out: Path, rows: list[Row], *, rerun: bool = False, log: Callable[[st
 
 
 def write(out: Path, records: list[dict[str, Any]]) -> None:
-    """REPORT.md + report.csv + report.json + one PNG per table from the records."""
+    """REPORT.md + report.csv + report.json + one PNG of curves per table from the records, and one of what the
+    methods send (:mod:`medflare.report.sends`) where their runs streamed images of it."""
     parts = ["# medflare report", "",
              "Every method on the same sites, scored the same way (`medflare evaluate` on each site's test split). "
              "Bytes are payload arrays counted by a FLARE filter on the server (see docs/report.md); FLARE overhead is "
@@ -70,6 +72,9 @@ def write(out: Path, records: list[dict[str, Any]]) -> None:
         sites = next(iter(runs.values()))[0]["sites"]
         png = plot_task(runs, key_metric(task), title, out / f"{task}{'' if skew is None else f'_beta{skew:g}'}.png")
         parts += [f"## {title}", "", describe_setting(runs), "", markdown(rows, task, sites), "", f"![{title}]({png.name})", ""]
+        sends = plot_sends(runs, title, out / f"sends_{task}{'' if skew is None else f'_beta{skew:g}'}.png")
+        if sends is not None:
+            parts += [f"What the methods send (last round, first seed): ![{title}: what the methods send]({sends.name})", ""]
         for r in rows:
             r.update(task=task, skew=skew)
         all_rows += rows

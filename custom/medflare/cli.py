@@ -253,8 +253,10 @@ def cmd_report(args) -> dict[str, Any]:
 
     rows = plan(listed(args.tasks), "quick" if args.quick else "full", methods=listed(args.methods),
                 sites=listed(args.sites), seeds=listed(args.seeds, int), rounds=args.rounds, skews=listed(args.skews, float))
-    path = report(Path(args.out), rows, rerun=args.rerun)
-    print(f"report written to {path}")
+    path, failed = report(Path(args.out), rows, rerun=args.rerun)
+    print(f"report written to {path}" + (f"; {len(failed)} of {len(rows)} rows failed (listed in it)" if failed else ""))
+    if failed:
+        raise MedflareError(f"{len(failed)} of {len(rows)} report rows failed: {'; '.join(failed)}")
     return {"report": str(path), "rows": len(rows)}
 
 

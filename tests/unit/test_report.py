@@ -35,7 +35,7 @@ def test_summary_counts_bytes_per_site_and_round_and_the_busiest_site_is_the_com
     assert s["total"] == {"down": 400, "up": 100}
     assert s["per_site_round"] == {"down": 100.0, "up": 25.0}
     assert s["busy_s"] == pytest.approx({"a": 2.0 + 3.0, "b": 5.0 + 1.0})
-    assert s["compute_s"] == pytest.approx(6.0)
+    assert s["compute_s"] == pytest.approx(5.0 + 3.0)  # the slowest site of each round: b in round 0, a in round 1
     assert s["kinds"] == {"down": ["WEIGHTS"], "up": ["WEIGHT_DIFF"]}
 
 
@@ -96,9 +96,10 @@ def test_tables_mean_and_spread_over_seeds_and_mark_what_the_spread_cannot_separ
     assert summary_row([_record("dp", 0, 0.5)])["epsilon"] == 2.0
 
 
-def test_bytes_axis_is_cumulative_per_round():
-    r = _record("a", 0, 0.8)
-    assert bytes_axis(r) == pytest.approx([0.003, 0.006])  # 2 sites x (500 + 1000) B per round
+def test_bytes_axis_counts_what_was_sent_before_each_point():
+    r = {**_record("a", 0, 0.8), "curve": [0.1, 0.4, 0.8], "curve_x": [0, 1, 2]}  # sites score what they receive
+    assert bytes_axis(r) == pytest.approx([0.0, 0.003, 0.006])  # 2 sites x (500 + 1000) B per round
+    assert bytes_axis({**r, "curve": [0.4, 0.8], "curve_x": [1, 2]}) == pytest.approx([0.003, 0.006])
     assert bytes_axis(_record("l", 0, 0.8, traffic=False)) == [0.0, 0.0]
 
 
@@ -147,3 +148,25 @@ def test_payload_size_counts_arrays_in_meta_too():
     dxo = DXO(DataKind.WEIGHT_DIFF, data={"w": np.zeros(5, np.float32)}, meta={"c": {"w": np.zeros(5, np.float32)}, "n": 3})
     assert payload_size(dxo) == 40
     assert payload_size(collection({"a": dxo, "b": DXO(DataKind.METRICS, data={"acc": 0.5})})) == 40
+
+
+def test_a_failed_row_is_listed_and_the_others_go_on(tmp_path, monkeypatch):
+    from medflare import MedflareError
+    from medflare.report.build import report
+
+    def fake(row, work, log):
+        if row.method.name == "cls_fedprox":
+            raise MedflareError("job 'fedprox' failed in the simulator\nlong log")
+        return {"scores": {"sites": {s: {"accuracy": 0.5} for s in row.sites}, "client_average": {"accuracy": 0.5},
+                           "global": {"accuracy": 0.5}}, "curve": [0.2, 0.5], "curve_x": [0, 1], "traffic": None,
+                "peak_mb": {}, "epsilon": {"site-1": float("inf")}}
+
+    monkeypatch.setattr(runner, "_federated", fake)
+    rows = plan(["cls"], "quick", methods=["fedavg", "fedprox", "fediod"], sites=["site-1", "site-2"], skews=[0.5])
+    logs = []
+    path, failed = report(tmp_path, rows, log=logs.append)
+    assert failed == ["cls_beta0.5/cls_fedprox_seed0: MedflareError: job 'fedprox' failed in the simulator"]
+    text = path.read_text()
+    assert "**Rows that failed**" in text and "| FedAvg |" in text and "| FedIOD |" in text and "| FedProx |" not in text
+    assert "inf (no noise)" in text
+    assert any("FAILED" in line for line in logs)

@@ -38,24 +38,30 @@ def plan(tasks: list[str], mode: str, *, methods: list[str] | None = None, sites
     return rows
 
 
-def report(out: Path, rows: list[Row], *, rerun: bool = False, log: Callable[[str], None] = print) -> Path:
-    """Run or reuse each row (progress on the terminal), then write the report; returns REPORT.md's path."""
+def report(out: Path, rows: list[Row], *, rerun: bool = False, log: Callable[[str], None] = print) -> tuple[Path, list[str]]:
+    """Run or reuse each row (progress on the terminal), then write the report; returns REPORT.md's path and the
+    rows that failed (each logged with its error; the others go on, and a rerun resumes with the failed ones)."""
     out.mkdir(parents=True, exist_ok=True)
-    records, start, done_s = [], time.perf_counter(), []
+    records, failed, start, done_s = [], [], time.perf_counter(), []
     for k, row in enumerate(rows, 1):
         reused = record_path(out, row).is_file() and not rerun
         elapsed = time.perf_counter() - start
         eta = f", about {sum(done_s) / len(done_s) * (len(rows) - k + 1) / 60:.0f} min left" if done_s else ""
         log(f"[{k}/{len(rows)}] {row.key} ({'reused' if reused else 'running'}; {elapsed / 60:.1f} min elapsed{eta})")
         tic = time.perf_counter()
-        records.append(run_row(row, out, rerun=rerun, log=log))
+        try:
+            records.append(run_row(row, out, rerun=rerun, log=log))
+        except Exception as e:  # noqa: BLE001 - one broken row must not cost the others; it is named and listed
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            log(f"[{k}/{len(rows)}] {row.key}: FAILED: {type(e).__name__}: {first}")
+            failed.append(f"{row.key}: {type(e).__name__}: {first}")
         if not reused:
             done_s.append(time.perf_counter() - tic)
-    write(out, records)
-    return out / "REPORT.md"
+    write(out, records, failed)
+    return out / "REPORT.md", failed
 
 
-def write(out: Path, records: list[dict[str, Any]]) -> None:
+def write(out: Path, records: list[dict[str, Any]], failed: list[str] | None = None) -> None:
     """REPORT.md + report.csv + report.json + one PNG of curves per table from the records, and one of what the
     methods send (:mod:`medflare.report.sends`) where their runs streamed images of it."""
     parts = ["# medflare report", "",
@@ -64,6 +70,9 @@ def write(out: Path, records: list[dict[str, Any]]) -> None:
              "wall time minus the busiest site's time between receiving a task and its result arriving; peak memory "
              "is the largest resident size of a site's process. `~`: within the spread over seeds of the best method.",
              f"Machine: {os.cpu_count()} CPUs; 1-minute load during the runs {_load_range(records)}.", ""]
+    if failed:
+        parts += ["**Rows that failed** (not in the tables; the run folders under `runs/` hold their logs; rerunning "
+                  "the command retries them):", "", *[f"- {f}" for f in failed], ""]
     all_rows, csv_parts = [], []
     for (task, skew), runs in group(records).items():
         rows = [summary_row(rs) for rs in runs.values()]

@@ -6,27 +6,27 @@ from pathlib import Path
 from typing import Any, Mapping
 
 
+def curve_x(record: Mapping[str, Any]) -> list[int]:
+    """Completed rounds each curve point reflects (records before ``curve_x`` was written: 1, 2, ...)."""
+    return list(record.get("curve_x") or range(1, len(record.get("curve") or []) + 1))
+
+
 def bytes_axis(record: Mapping[str, Any]) -> list[float]:
-    """Cumulative MB (up + down, all sites) at each point of the record's curve: per measured round when the curve
-    has one point per round, else spread evenly over the points; zeros for a row without a federation."""
-    curve, traffic = record.get("curve") or [], record.get("traffic")
-    if not curve:
-        return []
-    if not traffic:
-        return [0.0] * len(curve)
+    """Cumulative MB (up + down, all sites) sent before each point of the record's curve: through the rounds that
+    point reflects (0 for the initial model); spread evenly over the rounds when the ledger's rounds are not numbered
+    0..n-1; zeros for a row without a federation."""
+    xs, traffic = curve_x(record), record.get("traffic")
+    if not xs or not traffic:
+        return [0.0] * len(xs)
     per_round: dict[str, float] = {}
     for rounds in traffic["per_site"].values():
         for rnd, b in rounds.items():
             per_round[rnd] = per_round.get(rnd, 0.0) + (b["up"] + b["down"]) / 1e6
-    numbered = sorted((int(k), v) for k, v in per_round.items() if k.lstrip("-").isdigit())
-    if len(numbered) == len(curve):
-        out, acc = [], 0.0
-        for _, v in numbered:
-            acc += v
-            out.append(acc)
-        return out
-    total = sum(per_round.values())
-    return [total * (i + 1) / len(curve) for i in range(len(curve))]
+    numbered = dict(sorted((int(k), v) for k, v in per_round.items() if k.lstrip("-").isdigit()))
+    if numbered and sorted(numbered) == list(range(len(numbered))):
+        return [sum(v for r, v in numbered.items() if r < x) for x in xs]
+    total, n = sum(per_round.values()), max(record.get("rounds") or len(xs), 1)
+    return [total * min(x, n) / n for x in xs]
 
 
 def plot_task(records: Mapping[str, list[Mapping[str, Any]]], metric: str, title: str, path: Path) -> Path:
@@ -42,10 +42,10 @@ def plot_task(records: Mapping[str, list[Mapping[str, Any]]], metric: str, title
         curve = r.get("curve") or []
         if not curve:
             continue
-        left.plot(range(1, len(curve) + 1), curve, marker="o", ms=3, label=r["label"])
+        left.plot(curve_x(r), curve, marker="o", ms=3, label=r["label"])
         if r.get("traffic"):
             right.plot(bytes_axis(r), curve, marker="o", ms=3, label=r["label"])
-    left.set_xlabel("round (local/centralised: round-equivalent epochs)")
+    left.set_xlabel("completed rounds (local/centralised: round-equivalent epochs)")
     right.set_xlabel("MB communicated, all sites, up + down")
     right.set_xscale("symlog", linthresh=0.01)
     for ax in (left, right):

@@ -25,7 +25,9 @@ MODES = ("quick", "full")
 class Method:
     """One row. ``job`` None = standalone (``mode`` local / central). ``presets`` per mode; ``result`` the file the
     job saves in the server's app folder; ``curve`` the TensorBoard tag (``{key}`` = the preset's key metric) whose
-    mean over sites per round is the learning curve, read from the sites' folders unless ``curve_on_server``."""
+    mean over sites per round is the learning curve, read from the sites' folders unless ``curve_on_server``;
+    ``curve_start``: the completed rounds its first point reflects (0: sites score the model they receive at a
+    round's start, so the first point is the initial model; 1: the value is taken after the round's update)."""
 
     name: str
     label: str
@@ -35,6 +37,7 @@ class Method:
     result: str = ""
     curve: str = "val_global/{key}"
     curve_on_server: bool = False
+    curve_start: int = 0
     workflow: dict[str, Any] = field(default_factory=dict)
     flare_clients_arg: bool = False  # FLARE's own FedAvg / Scaffold need num_clients
 
@@ -64,7 +67,8 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("cls_fedprox", "FedProx", "cls", _CLS, "fedprox", "FL_global_model.pt", flare_clients_arg=True),
     Method("cls_scaffold", "SCAFFOLD", "cls", _CLS, "scaffold", "FL_global_model.pt", flare_clients_arg=True),
     Method("fedvck", "FedVCK", "cls", {"quick": "fedvck_synthetic_tiny", "full": "fedvck_synthetic"}, "fedvck",
-           "FedVCK_result.pt", curve="val_accuracy_pooled", curve_on_server=True),
+           "FedVCK_result.pt", curve="val_accuracy_pooled", curve_on_server=True,
+           curve_start=1),
     Method("fediod", "FedIOD", "cls", {"quick": "fediod_cls_tiny", "full": "fediod_cls"}, "fediod", "FedIOD_student.pt",
            curve="student/val_{key}"),
     Method("cls_local", "local only", "cls", _CLS),

@@ -148,10 +148,8 @@ def run_row(row: Row, out: Path, *, rerun: bool = False, log: Callable[[str], No
                   sites=list(row.sites), rounds=row.rounds, mode=row.mode, preset=row.preset,
                   local_epochs=get_preset(row.preset, row.overrides)["train"].get("epochs"),
                   seconds=time.perf_counter() - start, load=[load, os.getloadavg()[0]])
-    if row.method.standalone:
-        record.update(compute_s=record["seconds"], overhead_s=0.0)
-    else:
-        record.update(compute_s=record["traffic"]["compute_s"], overhead_s=record["seconds"] - record["traffic"]["compute_s"])
+    compute = record["traffic"]["compute_s"] if record.get("traffic") else record["seconds"]  # no federation: all compute
+    record.update(compute_s=compute, overhead_s=record["seconds"] - compute)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, default=float))
     return record
@@ -166,7 +164,7 @@ def _standalone(row: Row) -> dict[str, Any]:
                            seed=row.seed, log=lambda m: None)
     per_round = table["curve"][epochs // row.rounds - 1 :: epochs // row.rounds]
     return {"scores": {"sites": table["sites"], "client_average": table["client_average"], "global": table["global"]},
-            "curve": per_round, "traffic": None, "peak_mb": {}, "epsilon": None}
+            "curve": per_round, "curve_x": list(range(1, len(per_round) + 1)), "traffic": None, "peak_mb": {}, "epsilon": None}
 
 
 def _federated(row: Row, work: Path, log: Callable[[str], None]) -> dict[str, Any]:
@@ -189,7 +187,8 @@ def _federated(row: Row, work: Path, log: Callable[[str], None]) -> dict[str, An
     scores = {"sites": {s: r["mean"] for s, r in evaluation["sites"].items()},
               "client_average": evaluation["client_average"], "global": evaluation["global"]}
     key = get_preset(row.preset, row.overrides)["eval"]["key_metric"]
-    return {"scores": scores, "curve": _curve(run, m, key, row.sites), "traffic": out["traffic"],
+    curve = _curve(run, m, key, row.sites)
+    return {"scores": scores, "curve": curve, "curve_x": list(range(m.curve_start, m.curve_start + len(curve))), "traffic": out["traffic"],
             "peak_mb": out["peak_mb"], "epsilon": _epsilon(result), "workspace": str(run.workspace)}
 
 

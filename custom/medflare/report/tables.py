@@ -102,9 +102,17 @@ def markdown(rows: list[dict[str, Any]], task: str, sites: list[str]) -> str:
         cells += [_bytes(r["up_B_per_site_round"]), _bytes(r["down_B_per_site_round"]),
                   "-" if not r["total_MB"] else f"{r['total_MB']:.2f} MB", r["sent"], f"{r['wall_s']:.0f}",
                   f"{r['overhead_s']:.0f}", "-" if r["peak_site_MB"] != r["peak_site_MB"] else f"{r['peak_site_MB']:.0f}",
-                  "-" if r["epsilon"] is None else f"{r['epsilon']:.3g}"]
+                  _epsilon(r["epsilon"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _epsilon(eps: float | None) -> str:
+    """'-' where no site's result carries an epsilon; 'inf (no noise)' where a site sent outputs computed from its
+    data without DP noise (FedIOD with the site's noise multiplier 0)."""
+    if eps is None:
+        return "-"
+    return "inf (no noise)" if eps == float("inf") else f"{eps:.3g}"
 
 
 def to_csv(rows: list[dict[str, Any]]) -> str:

@@ -10,9 +10,9 @@ FedIOD's logits, ...): what kind of thing left the site. Shipped jobs do not car
 instrument (it reads, never changes, a payload).
 
 :func:`summarize` turns the lines into per-site, per-round byte counts and into each site's busy time (result
-received minus task handed out, summed over its tasks): the compute on the critical path is the busiest site's
-total, and the report's "FLARE overhead" is the job's wall time minus it (startup, messaging, waiting for the
-slowest site is counted as compute, server-side aggregation and scoring).
+received minus task handed out). The compute on the critical path is, summed over the job's exchanges (a task of a
+round; FedIOD and FedST-join have several per round), the slowest site's time in that exchange; the report's "FLARE
+overhead" is the job's wall time minus it: start-up, messaging, server-side aggregation or training, scoring.
 """
 
 from __future__ import annotations
@@ -105,23 +105,31 @@ def read_ledger(path: str | Path) -> list[dict[str, Any]]:
 
 
 def summarize(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Bytes per site and round each way, totals, kinds each way, and each site's busy seconds (module docstring)."""
+    """Bytes per site and round each way, totals, kinds each way, each site's busy seconds, and the compute on the
+    critical path (module docstring)."""
     per_site: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"down": 0, "up": 0}))
     kinds = {"down": set(), "up": set()}
-    pending: dict[str, list[float]] = defaultdict(list)
+    pending: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     busy: dict[str, float] = defaultdict(float)
+    exchanges: dict[tuple, float] = defaultdict(float)  # (round, task, n-th exchange of the site in it) -> slowest site's s
+    count: dict[tuple, int] = defaultdict(int)
     for row in sorted(rows, key=lambda r: r["t"]):
         site, d = row["site"], row["dir"]
         per_site[site][str(row.get("round"))][d] += int(row["bytes"])
         kinds[d].update(row.get("kinds", []))
         if d == "down":
-            pending[site].append(row["t"])
+            pending[site].append(row)
         elif pending[site]:
-            busy[site] += row["t"] - pending[site].pop(0)
+            sent = pending[site].pop(0)
+            seconds = row["t"] - sent["t"]
+            busy[site] += seconds
+            key = (sent.get("round"), sent.get("task"))
+            n = count[(site, *key)]
+            count[(site, *key)] += 1
+            exchanges[(*key, n)] = max(exchanges[(*key, n)], seconds)
     sites = sorted(per_site)
     total = {d: sum(r[d] for s in sites for r in per_site[s].values()) for d in DIRECTIONS}
     rounds = {s: len(per_site[s]) for s in sites}
     per_site_round = {d: (total[d] / sum(rounds.values()) if sum(rounds.values()) else 0.0) for d in DIRECTIONS}
     return {"per_site": {s: dict(per_site[s]) for s in sites}, "total": total, "per_site_round": per_site_round,
-            "kinds": {d: sorted(k) for d, k in kinds.items()}, "busy_s": dict(busy),
-            "compute_s": max(busy.values()) if busy else 0.0}
+            "kinds": {d: sorted(k) for d, k in kinds.items()}, "busy_s": dict(busy), "compute_s": sum(exchanges.values())}

@@ -23,7 +23,7 @@ from typing import Any
 
 from medflare.common.results import load_result
 from medflare.common.report import markdown_table, site_table
-from medflare.report.runner import run_job
+from medflare.report.runner import run_job, standalone_row
 from medflare.common.training import make_loader
 from medflare.data import load_site
 from medflare.metrics import evaluate, unseen_classes_warning
@@ -84,14 +84,7 @@ def run_fl(job: str, sites: list[str], rounds: int, preset: str, work: Path, ove
 
 def run_standalone_row(mode: str, sites: list[str], rounds: int, preset: str, overrides=None) -> dict[str, Any]:
     """Local-only or centralised with the same number of passes over the data as ``rounds`` FL rounds."""
-    from medflare.baselines.standalone import run_standalone
-
-    epochs_per_round = get_preset(preset, overrides)["train"]["epochs"]
-    table = run_standalone(mode, preset, sites, epochs=rounds * epochs_per_round, overrides=overrides, log=lambda m: None)
-    # One point per FL round: the validation score after that round's worth of epochs.
-    table["curve"] = table["curve"][epochs_per_round - 1 :: epochs_per_round]
-    table["curve_x"] = list(range(1, rounds + 1))
-    return table
+    return standalone_row(mode, preset, sites, rounds, overrides)
 
 
 def plot_curves(rows: dict[str, dict[str, Any]], path: Path, metric: str) -> None:

@@ -155,16 +155,27 @@ def run_row(row: Row, out: Path, *, rerun: bool = False, log: Callable[[str], No
     return record
 
 
-def _standalone(row: Row) -> dict[str, Any]:
+def standalone_row(mode: str, preset: str, sites: list[str], rounds: int, overrides: Mapping[str, Any] | None = None,
+                   seed: int = 0, metrics: list[str] | None = None) -> dict[str, Any]:
+    """Local-only or centralised training with as many passes over the data as ``rounds`` FL rounds (rounds x the
+    preset's local epochs): ``site_table`` of the test split (scored with ``metrics`` when given) plus ``curve``, the
+    client-average validation key metric after each round's worth of epochs, and ``curve_x`` (1..rounds)."""
     from medflare.baselines.standalone import run_standalone
 
-    epochs = row.rounds * int(get_preset(row.preset, row.overrides)["train"].get("epochs", 1))
-    scoring = {**row.overrides, "eval": {"metrics": SCORE_METRICS[row.method.task]}}
-    table = run_standalone(method_mode(row.method), row.preset, list(row.sites), epochs=epochs, overrides=scoring,
-                           seed=row.seed, log=lambda m: None)
-    per_round = table["curve"][epochs // row.rounds - 1 :: epochs // row.rounds]
-    return {"scores": {"sites": table["sites"], "client_average": table["client_average"], "global": table["global"]},
-            "curve": per_round, "curve_x": list(range(1, len(per_round) + 1)), "traffic": None, "peak_mb": {}, "epsilon": None}
+    epochs_per_round = int(get_preset(preset, overrides)["train"].get("epochs", 1))
+    scoring = {**(overrides or {}), **({"eval": {"metrics": list(metrics)}} if metrics else {})}
+    table = run_standalone(mode, preset, list(sites), epochs=rounds * epochs_per_round, overrides=scoring, seed=seed,
+                           log=lambda m: None)
+    table["curve"] = table["curve"][epochs_per_round - 1 :: epochs_per_round]
+    table["curve_x"] = list(range(1, len(table["curve"]) + 1))
+    return table
+
+
+def _standalone(row: Row) -> dict[str, Any]:
+    table = standalone_row(method_mode(row.method), row.preset, list(row.sites), row.rounds, row.overrides, row.seed,
+                           SCORE_METRICS[row.method.task])
+    return {"scores": {k: table[k] for k in ("sites", "client_average", "global")}, "curve": table["curve"],
+            "curve_x": table["curve_x"], "traffic": None, "peak_mb": {}, "epsilon": None}
 
 
 def _federated(row: Row, work: Path, log: Callable[[str], None]) -> dict[str, Any]:

@@ -67,8 +67,8 @@ def write(out: Path, records: list[dict[str, Any]], failed: list[str] | None = N
     parts = ["# medflare report", "",
              "Every method on the same sites, scored the same way (`medflare evaluate` on each site's test split). "
              "Bytes are payload arrays counted by a FLARE filter on the server (see docs/report.md); FLARE overhead is "
-             "wall time minus the busiest site's time between receiving a task and its result arriving; peak memory "
-             "is the largest resident size of a site's process. `~`: within the spread over seeds of the best method.",
+             "wall time minus the compute on the critical path (per exchange, the slowest site's time from receiving a "
+             "task to its result arriving); peak memory is the largest resident size of a site's process. `~`: within the spread over seeds of the best method.",
              f"Machine: {os.cpu_count()} CPUs; 1-minute load during the runs {_load_range(records)}.", ""]
     if failed:
         parts += ["**Rows that failed** (not in the tables; the run folders under `runs/` hold their logs; rerunning "

@@ -7,7 +7,9 @@ The tests run in order on it:
 
 1. FedAvg and FedSM (3 sites, ``min_clients`` 2; FedSM ``min_responses`` 2) run at the same time; after both
    aggregated round 0 the whole victim site (its client process and its job processes) is SIGKILLed. Both jobs
-   finish on the two others; the job log names the dead site; every later FedAvg aggregate is the
+   finish on the two others (every round aggregated; FLARE 2.9 reports such a job FINISHED:ABNORMAL instead of
+   COMPLETED when it ends before the server's heart-beat timeout has dropped the dead site, and says why in the
+   server log); the job log names the dead site; every later FedAvg aggregate is the
    NUM_STEPS-weighted mean of the two sites that answered; FedSM keeps the victim's personalised model
    exactly as it was after its last answer (not averaged away) while the others keep training.
 2. The victim's client is started again: it connects and takes part in round 0 of the next job (FLARE 2.9
@@ -116,7 +118,14 @@ def test_jobs_go_on_without_a_dead_site(fed, sess):
     measured = {}
     for name, job_id in ids.items():
         meta = sess.get_job_meta(job_id)
-        assert meta["status"] == "FINISHED:COMPLETED", (name, meta["status"])
+        if meta["status"] == "FINISHED:ABNORMAL":
+            # FLARE 2.9 marks a job whose rounds all finished ABNORMAL when a participant that died has not yet been
+            # dropped by the server's heart-beat timeout as the job ends (its terminal outcome is pending): only that
+            # cause is accepted, and the checks below prove every round was aggregated
+            server_log = (fed.kit(fed.server) / "log.txt").read_text()
+            assert f"Failing job {job_id}: terminal outcome unavailable from {victim}: client dead" in server_log, (name, meta["status"])
+        else:
+            assert meta["status"] == "FINISHED:COMPLETED", (name, meta["status"])
         ws = _download(fed, sess, job_id)
         log = (ws / "log.txt").read_text()
         assert f"client {victim} is placed on dead client watch list" in log, name

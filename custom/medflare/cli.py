@@ -253,7 +253,7 @@ def cmd_report(args) -> dict[str, Any]:
 
     rows = plan(listed(args.tasks), "quick" if args.quick else "full", methods=listed(args.methods),
                 sites=listed(args.sites), seeds=listed(args.seeds, int), rounds=args.rounds, skews=listed(args.skews, float))
-    path, failed = report(Path(args.out), rows, rerun=args.rerun)
+    path, failed = report(Path(args.out), rows, rerun=args.rerun, write_only=args.write_only)
     print(f"report written to {path}" + (f"; {len(failed)} of {len(rows)} rows failed (listed in it)" if failed else ""))
     if failed:
         raise MedflareError(f"{len(failed)} of {len(rows)} report rows failed: {'; '.join(failed)}")
@@ -361,10 +361,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small sites, 2 rounds, tiny presets (about 20 min on 2 CPU cores)")
     p.add_argument("--methods", help="comma-separated subset, e.g. fedavg,fedsm,local (default: every method of the task)")
     p.add_argument("--sites", help="comma-separated site names (default site-1..site-N of the mode); with MEDFLARE_DATA, your sites")
-    p.add_argument("--seeds", help="comma-separated seeds (default 0)")
+    p.add_argument("--seeds", help="comma-separated seeds (default: 0 in --quick mode, 0,1,2 in full mode)")
     p.add_argument("--rounds", type=int, help="rounds per job (default: 2 quick, 10 full)")
     p.add_argument("--skews", help="Dirichlet betas of the classification tables (default 0.5,0.05)")
     p.add_argument("--rerun", action="store_true", help="run every row again instead of reusing finished ones")
+    p.add_argument("--write-only", action="store_true",
+                   help="run nothing: write the report from the finished rows, listing the others as not run yet")
     p.set_defaults(func=cmd_report)
     return parser
 

@@ -23,6 +23,8 @@ def test_report_counts_what_fedavg_sends_and_scores_it_like_evaluate(tmp_path, c
     args = ["report", "--quick", "--tasks", "seg", "--methods", "fedavg,local", "--sites", ",".join(SITES),
             "--rounds", "2", "--out", str(out)]
     assert medflare_main(args) == 0
+    progress = capsys.readouterr().out
+    assert "seg/fedavg_seed0: round 1 of 2" in progress and "seg/fedavg_seed0: round 2 of 2" in progress, progress
     fedavg = json.loads((out / "records" / "seg" / "fedavg_seed0.json").read_text())
     local = json.loads((out / "records" / "seg" / "local_seed0.json").read_text())
 
@@ -42,10 +44,9 @@ def test_report_counts_what_fedavg_sends_and_scores_it_like_evaluate(tmp_path, c
     assert local["traffic"] is None and local["scores"]["client_average"]["dice"] > 0.2
 
     report = (out / "REPORT.md").read_text()
-    assert f"| FedAvg | {100 * dice['site-1']:.2f} | {100 * dice['site-3']:.2f} |" in report
+    assert f"| FedAvg | 0 | {100 * dice['site-1']:.2f} | {100 * dice['site-3']:.2f} |" in report
     assert f"{model_bytes / 1e3:.1f} kB | {model_bytes / 1e3:.1f} kB" in report and "WEIGHT_DIFF" in report
     assert (out / "seg.png").is_file() and "fedavg" in (out / "report.csv").read_text()
 
-    capsys.readouterr()
     assert medflare_main(args) == 0  # resumes: both rows come from their records
     assert capsys.readouterr().out.count("reused") == 2

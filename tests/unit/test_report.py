@@ -14,6 +14,7 @@ from nvflare.app_common.app_constant import AppConstants
 
 from medflare import ConfigError
 from medflare.common.payload import collection
+from medflare.presets import get_preset
 from medflare.report import runner
 from medflare.report.build import plan, write
 from medflare.report.figures import bytes_axis
@@ -91,9 +92,11 @@ def test_tables_mean_and_spread_over_seeds_and_mark_what_the_spread_cannot_separ
     mark_ties(rows)
     assert [r.get("tie") for r in rows] == [False, True, False]  # b within a's spread, c far below
     md = markdown(rows, "cls", ["s1", "s2"])
-    assert "| A | 84.00 | 86.00 | 85.00 +- 7.07 |" in md and "| B ~ |" in md
+    assert "| A | 0, 1 | 84.00 | 86.00 | 85.00 +- 7.07 |" in md and "| B ~ | 0, 1 |" in md
     assert "1.0 kB | 2.0 kB | 0.01 MB | WEIGHT_DIFF | 10 | 4 | 450 | - |" in md
     assert summary_row([_record("dp", 0, 0.5)])["epsilon"] == 2.0
+    on_gpu = summary_row([{**_record("g", 0, 0.5), "device": "GPU NVIDIA H100"}])
+    assert "| WEIGHT_DIFF | 10 (GPU) | 4 (GPU) |" in markdown([on_gpu], "cls", ["s1", "s2"])  # GPU timings marked
 
 
 def test_bytes_axis_counts_what_was_sent_before_each_point():
@@ -124,7 +127,12 @@ def test_plan_and_method_selection():
     rows = plan(["seg", "cls"], "quick")
     assert len(rows) == 10 + 2 * 7 and {r.rounds for r in rows} == {2}
     assert [m.name for m in methods_for("cls", ["fedavg", "fedvck"])] == ["cls_fedavg", "fedvck"]
-    assert plan(["cls"], "full", seeds=[0, 1, 2], skews=[0.1])[0].overrides == {"data": {"beta": 0.1, "num_sites": 10}}
+    full = plan(["cls"], "full", seeds=[0, 1, 2], skews=[0.1])
+    assert full[0].overrides["data"]["beta"] == 0.1 and full[0].overrides["data"]["num_sites"] == 10
+    for mode in ("quick", "full"):  # every row of a task reads the same sites and images, whatever its own preset
+        for task in ("seg", "cls"):
+            datas = {json.dumps(get_preset(r.preset, r.overrides)["data"], sort_keys=True) for r in plan([task], mode)}
+            assert len(datas) == (1 if task == "seg" else 2), (mode, task, datas)  # cls: one per skew
     with pytest.raises(ConfigError, match="unknown method"):
         methods_for("seg", ["fedxyz"])
     with pytest.raises(ConfigError, match="unknown task"):
@@ -170,3 +178,31 @@ def test_a_failed_row_is_listed_and_the_others_go_on(tmp_path, monkeypatch):
     assert "**Rows that failed**" in text and "| FedAvg |" in text and "| FedIOD |" in text and "| FedProx |" not in text
     assert "inf (no noise)" in text
     assert any("FAILED" in line for line in logs)
+
+    # a long run in parts: --write-only runs nothing and lists what has no record (FedProx, which failed, and a
+    # seed not run yet), with the finished rows in the tables
+    monkeypatch.setattr(runner, "_federated", lambda *a: pytest.fail("write_only ran a row"))
+    more = plan(["cls"], "quick", methods=["fedavg", "fedprox"], sites=["site-1", "site-2"], skews=[0.5], seeds=[0, 1])
+    path, failed = report(tmp_path, more, write_only=True, log=logs.append)
+    text = path.read_text()
+    assert not failed and "**Rows not run yet**" in text and "| FedAvg | 0 |" in text
+    assert "cls_beta0.5/cls_fedprox_seed0, cls_beta0.5/cls_fedavg_seed1, cls_beta0.5/cls_fedprox_seed1" in text
+
+
+def test_round_progress_reports_each_new_round_once_and_waits_for_whole_lines(tmp_path):
+    ledger = tmp_path / LEDGER
+    seen = []
+    watch = runner.RoundProgress(ledger, seen.append)
+    watch.poll()  # no ledger yet (the simulator is starting)
+    down = lambda rnd, site: json.dumps({"dir": "down", "round": rnd, "site": site})  # noqa: E731
+    ledger.write_text(down(0, "a") + "\n" + down(0, "b") + "\n" + json.dumps({"dir": "up", "round": 1}) + "\n")
+    watch.poll()
+    assert seen == [0]  # one call for round 0 however many sites receive it; a result is not a new round
+    with open(ledger, "a") as f:
+        f.write(down(1, "a")[:10])  # half a line: the meter is still writing it
+    watch.poll()
+    assert seen == [0]
+    with open(ledger, "a") as f:
+        f.write(down(1, "a")[10:] + "\n" + down(1, "b") + "\n" + down(2, "a") + "\n")
+    watch.poll()
+    assert seen == [0, 1, 2]

@@ -15,10 +15,11 @@ from medflare.report.runner import Row, record_path, run_row
 from medflare.report.sends import plot_sends
 from medflare.report.tables import describe_setting, group, key_metric, mark_ties, markdown, summary_row, to_csv
 
-#: quick = the 20-minute tour on a 2-core CPU; full = what the README quotes
+#: quick = the 20-minute tour on a 2-core CPU; full = what the README quotes (three seeds: the tables mark what the
+#: spread over seeds cannot separate)
 SETTINGS = {
-    "quick": {"seg": {"sites": 3, "rounds": 2}, "cls": {"sites": 4, "rounds": 2}, "skews": [0.5, 0.05]},
-    "full": {"seg": {"sites": 6, "rounds": 10}, "cls": {"sites": 10, "rounds": 10}, "skews": [0.5, 0.05]},
+    "quick": {"seg": {"sites": 3, "rounds": 2}, "cls": {"sites": 4, "rounds": 2}, "skews": [0.5, 0.05], "seeds": [0]},
+    "full": {"seg": {"sites": 6, "rounds": 10}, "cls": {"sites": 10, "rounds": 10}, "skews": [0.5, 0.05], "seeds": [0, 1, 2]},
 }
 
 
@@ -33,18 +34,24 @@ def plan(tasks: list[str], mode: str, *, methods: list[str] | None = None, sites
         cfg = SETTINGS[mode][task]
         names = sites or [f"site-{i}" for i in range(1, cfg["sites"] + 1)]
         for skew in (skews or SETTINGS[mode]["skews"]) if task == "cls" else [None]:
-            for seed in seeds or [0]:
+            for seed in seeds or SETTINGS[mode]["seeds"]:
                 rows += [Row(m, tuple(names), rounds or cfg["rounds"], mode, seed, skew) for m in methods_for(task, methods)]
     return rows
 
 
-def report(out: Path, rows: list[Row], *, rerun: bool = False, log: Callable[[str], None] = print) -> tuple[Path, list[str]]:
+def report(out: Path, rows: list[Row], *, rerun: bool = False, write_only: bool = False,
+           log: Callable[[str], None] = print) -> tuple[Path, list[str]]:
     """Run or reuse each row (progress on the terminal), then write the report; returns REPORT.md's path and the
-    rows that failed (each logged with its error; the others go on, and a rerun resumes with the failed ones)."""
+    rows that failed (each logged with its error; the others go on, and a rerun resumes with the failed ones).
+    ``write_only``: run nothing, write the tables from the rows that have a record and list the others as not run
+    (a long full-mode run done in parts)."""
     out.mkdir(parents=True, exist_ok=True)
-    records, failed, start, done_s = [], [], time.perf_counter(), []
+    records, failed, missing, start, done_s = [], [], [], time.perf_counter(), []
     for k, row in enumerate(rows, 1):
         reused = record_path(out, row).is_file() and not rerun
+        if write_only and not reused:
+            missing.append(row.key)
+            continue
         elapsed = time.perf_counter() - start
         eta = f", about {sum(done_s) / len(done_s) * (len(rows) - k + 1) / 60:.0f} min left" if done_s else ""
         log(f"[{k}/{len(rows)}] {row.key} ({'reused' if reused else 'running'}; {elapsed / 60:.1f} min elapsed{eta})")
@@ -57,11 +64,13 @@ def report(out: Path, rows: list[Row], *, rerun: bool = False, log: Callable[[st
             failed.append(f"{row.key}: {type(e).__name__}: {first}")
         if not reused:
             done_s.append(time.perf_counter() - tic)
-    write(out, records, failed)
+    if missing:
+        log(f"{len(missing)} of {len(rows)} rows have no record yet (not run): {', '.join(missing)}")
+    write(out, records, failed, missing)
     return out / "REPORT.md", failed
 
 
-def write(out: Path, records: list[dict[str, Any]], failed: list[str] | None = None) -> None:
+def write(out: Path, records: list[dict[str, Any]], failed: list[str] | None = None, missing: list[str] | None = None) -> None:
     """REPORT.md + report.csv + report.json + one PNG of curves per table from the records, and one of what the
     methods send (:mod:`medflare.report.sends`) where their runs streamed images of it."""
     parts = ["# medflare report", "",
@@ -69,10 +78,14 @@ def write(out: Path, records: list[dict[str, Any]], failed: list[str] | None = N
              "Bytes are payload arrays counted by a FLARE filter on the server (see docs/report.md); FLARE overhead is "
              "wall time minus the compute on the critical path (per exchange, the slowest site's time from receiving a "
              "task to its result arriving); peak memory is the largest resident size of a site's process. `~`: within the spread over seeds of the best method.",
-             f"Machine: {os.cpu_count()} CPUs; 1-minute load during the runs {_load_range(records)}.", ""]
+             f"Machine: {os.cpu_count()} CPUs, training on {_devices(records)}; 1-minute load during the runs "
+             f"{_load_range(records)}. Timings marked (GPU) were taken with a GPU and compare only with each other.", ""]
     if failed:
         parts += ["**Rows that failed** (not in the tables; the run folders under `runs/` hold their logs; rerunning "
                   "the command retries them):", "", *[f"- {f}" for f in failed], ""]
+    if missing:
+        parts += ["**Rows not run yet** (written with `--write-only`; the command without it runs them):", "",
+                  ", ".join(missing), ""]
     all_rows, csv_parts = [], []
     for (task, skew), runs in group(records).items():
         rows = [summary_row(rs) for rs in runs.values()]
@@ -90,6 +103,10 @@ def write(out: Path, records: list[dict[str, Any]], failed: list[str] | None = N
     (out / "REPORT.md").write_text("\n".join(parts))
     (out / "report.csv").write_text(to_csv(all_rows))
     (out / "report.json").write_text(json.dumps({"rows": all_rows, "records": records}, indent=1, default=float))
+
+
+def _devices(records) -> str:
+    return ", ".join(sorted({r.get("device", "cpu") for r in records})) or "cpu"
 
 
 def _load_range(records) -> str:

@@ -48,6 +48,9 @@ class Method:
 
 _SEG = {"quick": "seg_synthetic_tiny", "full": "seg_synthetic"}
 _CLS = {"quick": "cls_synthetic_tiny", "full": "cls_synthetic"}
+#: the preset whose ``data`` block every row of a task reads (an algorithm's own preset may differ in its pool size
+#: or skew, e.g. FedIOD's smaller pool for its 15-minute default job; the report overrides that, see :func:`task_data`)
+TASK_DATA = {"seg": _SEG, "cls": _CLS}
 
 METHODS: dict[str, Method] = {m.name: m for m in [
     Method("fedavg", "FedAvg", "seg", _SEG, "fedavg", "FL_global_model.pt", flare_clients_arg=True),
@@ -74,6 +77,13 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("cls_local", "local only", "cls", _CLS),
     Method("cls_central", "centralised", "cls", _CLS),
 ]}
+
+
+def task_data(task: str, mode: str) -> dict[str, Any]:
+    """The ``data`` block every row of ``task`` runs with in ``mode``: the same sites, images and skew for all."""
+    from medflare.presets import get_preset
+
+    return dict(get_preset(TASK_DATA[task][mode])["data"])
 
 
 def method_mode(method: Method) -> str:

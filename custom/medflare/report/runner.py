@@ -26,28 +26,50 @@ from typing import Any, Callable, Mapping
 
 from medflare import MedflareError
 from medflare.presets import get_preset
-from medflare.report.methods import SCORE_METRICS, Method, method_mode
+from medflare.report.methods import SCORE_METRICS, Method, method_mode, task_data
 from medflare.report.traffic import LEDGER, meter_filters, read_ledger, summarize
 
 
-class PeakMemory:
-    """Peak resident memory (MB) of each process whose command line names ``marker`` (the run's workspace),
-    sampled every ``interval`` s in a thread: ``{client name or "server": MB}`` (a simulator site's worker is
-    ``--client <name>``; the simulator's own processes, which host the server, count as "server")."""
+class _Polling:
+    """Calls :meth:`poll` every ``interval`` s in a daemon thread while the context is open (and once at exit)."""
 
-    def __init__(self, marker: str, interval: float = 1.0):
-        self.marker, self.interval = marker, interval
-        self.peak: dict[str, float] = {}
+    def __init__(self, interval: float = 1.0):
+        self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self):
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        with contextlib.suppress(Exception):
+            self.poll()
+
+    def poll(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):  # a process may end, a file may be half written, between polls
+                self.poll()
+            self._stop.wait(self.interval)
+
+
+class PeakMemory(_Polling):
+    """Peak resident memory (MB) of each process whose command line names ``marker`` (the run's workspace),
+    sampled every ``interval`` s in a thread: ``{client name or "server": MB}`` (a simulator site's worker is
+    ``--client <name>``; the simulator's own processes, which host the server, count as "server")."""
+
+    def __init__(self, marker: str, interval: float = 1.0):
+        super().__init__(interval)
+        self.marker = marker
+        self.peak: dict[str, float] = {}
+
+    def poll(self) -> None:
+        self.sample()
 
     def sample(self) -> None:
         import psutil
@@ -60,11 +82,32 @@ class PeakMemory:
             name = cmd[cmd.index("--client") + 1] if "--client" in cmd[:-1] else "server"
             self.peak[name] = max(self.peak.get(name, 0.0), mem.rss / 2**20)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(Exception):  # a process may end between listing and reading it
-                self.sample()
-            self._stop.wait(self.interval)
+
+class RoundProgress(_Polling):
+    """Calls ``on_round(r)`` once for each new round the job hands tasks out in, read from the traffic meter's
+    ledger as it grows (FLARE's round number, 0-based, of every task the server sends): the report's terminal
+    progress inside a job, the same for every algorithm because every job's server carries the meter."""
+
+    def __init__(self, ledger: Path, on_round: Callable[[int], None], interval: float = 2.0):
+        super().__init__(interval)
+        self.ledger, self.on_round = Path(ledger), on_round
+        self.latest: int | None = None
+        self._offset = 0
+
+    def poll(self) -> None:
+        if not self.ledger.is_file():
+            return
+        with open(self.ledger) as f:
+            f.seek(self._offset)
+            text = f.read()
+        complete = text[: text.rfind("\n") + 1]  # a line still being written waits for the next poll
+        self._offset += len(complete.encode())
+        for line in complete.splitlines():
+            row = json.loads(line)
+            rnd = row.get("round")
+            if row.get("dir") == "down" and isinstance(rnd, int) and (self.latest is None or rnd > self.latest):
+                self.latest = rnd
+                self.on_round(rnd)
 
 
 def export_job(name: str, dst: Path, *, preset: str, overrides: Mapping[str, Any] | None, workflow_args: Mapping[str, Any],
@@ -90,13 +133,15 @@ def export_job(name: str, dst: Path, *, preset: str, overrides: Mapping[str, Any
 
 def run_job(name: str, work: Path, sites: list[str], *, preset: str, overrides: Mapping[str, Any] | None = None,
             workflow_args: Mapping[str, Any] | None = None, seed: int | None = None, timeout: float = 6 * 3600,
-            env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Run job ``name`` in the simulator on ``sites``; returns the SimRun, traffic summary and peak memory."""
-    from medflare.testing.simrun import run_simulator
+            env: Mapping[str, str] | None = None, on_round: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Run job ``name`` in the simulator on ``sites``; returns the SimRun, traffic summary and peak memory.
+    ``on_round(r)`` is called as the server starts handing out round ``r``'s tasks (:class:`RoundProgress`)."""
+    from medflare.testing.simrun import run_simulator, server_dir
 
     job = export_job(name, work / "job", preset=preset, overrides=overrides, workflow_args=workflow_args or {}, seed=seed)
     ws = work / "ws"
-    with PeakMemory(str(ws)) as memory:
+    ledger = server_dir(ws) / "app_server" / LEDGER
+    with PeakMemory(str(ws)) as memory, RoundProgress(ledger, on_round or (lambda r: None)):
         run = run_simulator(job, ws, len(sites), clients=sites, timeout=timeout, env=dict(env or {}))
     if run.returncode != 0 or "EXECUTION_EXCEPTION" in run.log:
         raise MedflareError(f"job '{name}' failed in the simulator (workspace {ws}):\n{run.log[-3000:]}")
@@ -121,10 +166,10 @@ class Row:
 
     @property
     def overrides(self) -> dict[str, Any]:
-        data: dict[str, Any] = {}
+        data = task_data(self.method.task, self.mode)  # every row of a task reads the same data, whatever its preset
         if self.skew is not None:  # same Dirichlet split of the same synthetic pool for every classification row
             data.update(beta=self.skew, num_sites=max(len(self.sites), 2))
-        return {"data": data} if data else {}
+        return {"data": data}
 
     @property
     def key(self) -> str:
@@ -147,12 +192,20 @@ def run_row(row: Row, out: Path, *, rerun: bool = False, log: Callable[[str], No
     record.update(method=row.method.name, label=row.method.label, task=row.method.task, skew=row.skew, seed=row.seed,
                   sites=list(row.sites), rounds=row.rounds, mode=row.mode, preset=row.preset,
                   local_epochs=get_preset(row.preset, row.overrides)["train"].get("epochs"),
-                  seconds=time.perf_counter() - start, load=[load, os.getloadavg()[0]])
+                  seconds=time.perf_counter() - start, load=[load, os.getloadavg()[0]], device=device_name())
     compute = record["traffic"]["compute_s"] if record.get("traffic") else record["seconds"]  # no federation: all compute
     record.update(compute_s=compute, overhead_s=record["seconds"] - compute)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, default=float))
     return record
+
+
+def device_name() -> str:
+    """What the row's training ran on: the GPU's name when CUDA is visible (every executor and the standalone
+    trainer use it then), else ``cpu``; the report marks timings taken on a GPU as GPU figures."""
+    import torch
+
+    return f"GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "cpu"
 
 
 def standalone_row(mode: str, preset: str, sites: list[str], rounds: int, overrides: Mapping[str, Any] | None = None,
@@ -185,7 +238,16 @@ def _federated(row: Row, work: Path, log: Callable[[str], None]) -> dict[str, An
     workflow = {"num_rounds": row.rounds, **m.workflow}
     if m.flare_clients_arg:
         workflow["num_clients"] = len(row.sites)
-    out = run_job(m.job, work, list(row.sites), preset=row.preset, overrides=row.overrides, workflow_args=workflow, seed=row.seed)
+    total = row.rounds + int(m.workflow.get("extra_rounds", 0))
+    start = time.perf_counter()
+
+    def on_round(rnd: int) -> None:
+        done = time.perf_counter() - start
+        eta = f", about {done / rnd * (total - rnd) / 60:.1f} min left in the job" if rnd else ""
+        log(f"      {row.key}: round {rnd + 1} of {total} ({done / 60:.1f} min in the job{eta})")
+
+    out = run_job(m.job, work, list(row.sites), preset=row.preset, overrides=row.overrides, workflow_args=workflow,
+                  seed=row.seed, on_round=on_round)
     run = out["run"]
     result = run.app_server / m.result
     scores_json = work / "scores.json"

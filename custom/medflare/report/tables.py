@@ -4,7 +4,8 @@ One table per task (and label skew for classification), one line per method: the
 average (sites weighted equally) and global value (cases weighted equally), HD95 for segmentation, then what the
 method cost: bytes per site and round up (site -> server) and down, the total over the job, the kinds of payload
 that left the sites, wall time, FLARE overhead, peak memory of the largest site process, and epsilon where DP was
-on. With several seeds a cell is mean +- standard deviation over seeds, and a method whose client average is
+on. Each line names its seeds (a long run may have more for its cheap rows than for its costly ones); with several
+seeds a cell is mean +- standard deviation over seeds, and a method whose client average is
 within the larger of the two spreads of the best method's is marked ``~`` (not distinguishable at this many seeds).
 """
 
@@ -63,6 +64,7 @@ def summary_row(runs: list[Mapping[str, Any]]) -> dict[str, Any]:
     eps = [max(r["epsilon"].values()) for r in runs if r.get("epsilon")]
     row["epsilon"] = max(eps) if eps else None
     row["load"] = [round(x, 1) for r in runs for x in r.get("load", [])]
+    row["device"] = ", ".join(sorted({r.get("device", "cpu") for r in runs}))
     return row
 
 
@@ -89,19 +91,20 @@ def _bytes(v: float) -> str:
 
 def markdown(rows: list[dict[str, Any]], task: str, sites: list[str]) -> str:
     key = key_metric(task)
-    head = ["method", *sites, "client avg", "global"] + (["HD95"] if task == "seg" else []) + [
+    head = ["method", "seeds", *sites, "client avg", "global"] + (["HD95"] if task == "seg" else []) + [
         "up / site / round", "down / site / round", "total", "what left the sites", "wall s", "FLARE overhead s",
         "peak MB / site", "epsilon"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["label"] + (" ~" if r.get("tie") else "")]
+        cells = [r["label"] + (" ~" if r.get("tie") else ""), ", ".join(map(str, r["seeds"]))]
         cells += [_pct(r[f"{key}/{s}"]) for s in sites]
         cells += [_pct(r["client_average"], r["client_average_sd"]), _pct(r["global"], r["global_sd"])]
         if task == "seg":
             cells.append("-" if r["hd95"] != r["hd95"] else f"{r['hd95']:.2f}")
+        gpu = " (GPU)" if "GPU" in r.get("device", "cpu") else ""  # timings on a GPU are marked as GPU figures
         cells += [_bytes(r["up_B_per_site_round"]), _bytes(r["down_B_per_site_round"]),
-                  "-" if not r["total_MB"] else f"{r['total_MB']:.2f} MB", r["sent"], f"{r['wall_s']:.0f}",
-                  f"{r['overhead_s']:.0f}", "-" if r["peak_site_MB"] != r["peak_site_MB"] else f"{r['peak_site_MB']:.0f}",
+                  "-" if not r["total_MB"] else f"{r['total_MB']:.2f} MB", r["sent"], f"{r['wall_s']:.0f}{gpu}",
+                  f"{r['overhead_s']:.0f}{gpu}", "-" if r["peak_site_MB"] != r["peak_site_MB"] else f"{r['peak_site_MB']:.0f}",
                   _epsilon(r["epsilon"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -31,7 +31,7 @@ class SimRun:
 
     @property
     def server_dir(self) -> Path:
-        return self.workspace / "server" / "simulate_job"
+        return server_dir(self.workspace)
 
     @property
     def app_server(self) -> Path:
@@ -45,6 +45,11 @@ class SimRun:
     def site_scalars(self) -> dict[str, dict[str, list[tuple[int, float]]]]:
         """:meth:`scalars` without the server's own folder: only what the sites streamed."""
         return {k: v for k, v in self.scalars().items() if k != SIMULATOR_SERVER}
+
+
+def server_dir(workspace: str | os.PathLike) -> Path:
+    """The server's run folder in a simulator workspace (``app_server`` under it holds the server's app files)."""
+    return Path(workspace) / "server" / "simulate_job"
 
 
 def run_simulator(

@@ -32,6 +32,7 @@ def customize_job(
     workflow_args: Mapping[str, Any] | None = None,
     executor_args: Mapping[str, Any] | None = None,
     task_result_filters: list[dict] | None = None,
+    task_data_filters: list[dict] | None = None,
     server_task_result_filters: list[dict] | None = None,
     server_settings: Mapping[str, Any] | None = None,
     client_settings: Mapping[str, Any] | None = None,
@@ -42,7 +43,7 @@ def customize_job(
 
     ``preset``/``overrides`` go to every medflare component that takes them (persistor and executors),
     ``workflow_args`` (e.g. num_rounds, num_clients) to every workflow, ``executor_args`` to every executor,
-    ``task_result_filters`` replaces the client configs' result filters and ``server_task_result_filters`` the
+    ``task_result_filters`` / ``task_data_filters`` replace the client configs' result / task data filters and ``server_task_result_filters`` the
     server's (``[]`` removes the server's update guard, e.g. for a control run); ``server_settings`` /
     ``client_settings`` set top-level keys of the server / client config (e.g. ``{"server":
     {"task_request_interval": 0.1}}`` or ``{"default_task_fetch_interval": 0.1}``); ``server_components``
@@ -72,6 +73,8 @@ def customize_job(
         is_client = path.name == "config_fed_client.json"
         if task_result_filters is not None and is_client:
             config["task_result_filters"] = task_result_filters
+        if task_data_filters is not None and is_client:
+            config["task_data_filters"] = task_data_filters
         if server_task_result_filters is not None and not is_client:
             config["task_result_filters"] = server_task_result_filters
         config.update((client_settings if is_client else server_settings) or {})

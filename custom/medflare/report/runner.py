@@ -239,12 +239,14 @@ def _federated(row: Row, work: Path, log: Callable[[str], None]) -> dict[str, An
     if m.flare_clients_arg:
         workflow["num_clients"] = len(row.sites)
     total = row.rounds + int(m.workflow.get("extra_rounds", 0))
-    start = time.perf_counter()
+    start, first = time.perf_counter(), {}
 
     def on_round(rnd: int) -> None:
-        done = time.perf_counter() - start
-        eta = f", about {done / rnd * (total - rnd) / 60:.1f} min left in the job" if rnd else ""
-        log(f"      {row.key}: round {rnd + 1} of {total} ({done / 60:.1f} min in the job{eta})")
+        now = time.perf_counter()
+        first.setdefault("round", (rnd, now))  # the rate leaves out the simulator's start-up before the first round
+        r0, t0 = first["round"]
+        eta = f", about {(now - t0) / (rnd - r0) * (total - rnd) / 60:.1f} min left in the job" if rnd > r0 else ""
+        log(f"      {row.key}: round {rnd + 1} of {total} ({(now - start) / 60:.1f} min in the job{eta})")
 
     out = run_job(m.job, work, list(row.sites), preset=row.preset, overrides=row.overrides, workflow_args=workflow,
                   seed=row.seed, on_round=on_round)

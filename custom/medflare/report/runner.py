@@ -246,7 +246,8 @@ def _federated(row: Row, work: Path, log: Callable[[str], None]) -> dict[str, An
         first.setdefault("round", (rnd, now))  # the rate leaves out the simulator's start-up before the first round
         r0, t0 = first["round"]
         eta = f", about {(now - t0) / (rnd - r0) * (total - rnd) / 60:.1f} min left in the job" if rnd > r0 else ""
-        log(f"      {row.key}: round {rnd + 1} of {total} ({(now - start) / 60:.1f} min in the job{eta})")
+        what = f"round {rnd + 1} of {total}" if rnd < total else "final tasks after the last round (e.g. validation)"
+        log(f"      {row.key}: {what} ({(now - start) / 60:.1f} min in the job{eta if rnd < total else ''})")
 
     out = run_job(m.job, work, list(row.sites), preset=row.preset, overrides=row.overrides, workflow_args=workflow,
                   seed=row.seed, on_round=on_round)

@@ -13,7 +13,7 @@ from medflare.report.figures import plot_task
 from medflare.report.methods import METHODS, methods_for
 from medflare.report.runner import Row, record_path, run_row
 from medflare.report.sends import plot_sends
-from medflare.report.tables import describe_setting, group, key_metric, mark_ties, markdown, summary_row, to_csv
+from medflare.report.tables import describe_setting, devices, group, key_metric, mark_ties, markdown, summary_row, to_csv
 
 #: quick = the 20-minute tour on a 2-core CPU; full = what the README quotes (three seeds: the tables mark what the
 #: spread over seeds cannot separate)
@@ -78,7 +78,7 @@ def write(out: Path, records: list[dict[str, Any]], failed: list[str] | None = N
              "Bytes are payload arrays counted by a FLARE filter on the server (see docs/report.md); FLARE overhead is "
              "wall time minus the compute on the critical path (per exchange, the slowest site's time from receiving a "
              "task to its result arriving); peak memory is the largest resident size of a site's process. `~`: within the spread over seeds of the best method.",
-             f"Machine: {os.cpu_count()} CPUs, training on {_devices(records)}; 1-minute load during the runs "
+             f"Machine: {os.cpu_count()} CPUs, training on {devices(records)}; 1-minute load during the runs "
              f"{_load_range(records)}. Timings marked (GPU) were taken with a GPU and compare only with each other.", ""]
     if failed:
         parts += ["**Rows that failed** (not in the tables; the run folders under `runs/` hold their logs; rerunning "
@@ -103,10 +103,6 @@ def write(out: Path, records: list[dict[str, Any]], failed: list[str] | None = N
     (out / "REPORT.md").write_text("\n".join(parts))
     (out / "report.csv").write_text(to_csv(all_rows))
     (out / "report.json").write_text(json.dumps({"rows": all_rows, "records": records}, indent=1, default=float))
-
-
-def _devices(records) -> str:
-    return ", ".join(sorted({r.get("device", "cpu") for r in records})) or "cpu"
 
 
 def _load_range(records) -> str:

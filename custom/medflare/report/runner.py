@@ -69,9 +69,6 @@ class PeakMemory(_Polling):
         self.peak: dict[str, float] = {}
 
     def poll(self) -> None:
-        self.sample()
-
-    def sample(self) -> None:
         import psutil
 
         for proc in psutil.process_iter(["cmdline", "memory_info"]):
@@ -97,12 +94,12 @@ class RoundProgress(_Polling):
     def poll(self) -> None:
         if not self.ledger.is_file():
             return
-        with open(self.ledger) as f:
+        with open(self.ledger, "rb") as f:
             f.seek(self._offset)
-            text = f.read()
-        complete = text[: text.rfind("\n") + 1]  # a line still being written waits for the next poll
-        self._offset += len(complete.encode())
-        for line in complete.splitlines():
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next poll
+        self._offset += len(complete)
+        for line in complete.decode().splitlines():
             row = json.loads(line)
             rnd = row.get("round")
             if row.get("dir") == "down" and isinstance(rnd, int) and (self.latest is None or rnd > self.latest):

@@ -21,6 +21,11 @@ from typing import Any, Iterable, Mapping
 SEG_KEY, CLS_KEY = "dice", "accuracy"
 
 
+def devices(records: Iterable[Mapping[str, Any]]) -> str:
+    """What the records' training ran on (``cpu``, ``GPU <name>``, comma-separated when they differ)."""
+    return ", ".join(sorted({r.get("device", "cpu") for r in records})) or "cpu"
+
+
 def key_metric(task: str) -> str:
     return SEG_KEY if task == "seg" else CLS_KEY
 
@@ -64,7 +69,7 @@ def summary_row(runs: list[Mapping[str, Any]]) -> dict[str, Any]:
     eps = [max(r["epsilon"].values()) for r in runs if r.get("epsilon")]
     row["epsilon"] = max(eps) if eps else None
     row["load"] = [round(x, 1) for r in runs for x in r.get("load", [])]
-    row["device"] = ", ".join(sorted({r.get("device", "cpu") for r in runs}))
+    row["device"] = devices(runs)
     return row
 
 

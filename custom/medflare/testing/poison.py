@@ -38,6 +38,19 @@ def poison(dxo: DXO, scale: float | None) -> None:
             dxo.data[key] = arr * scale if scale is not None else np.full_like(arr, np.nan)
 
 
+class TaskCounter:
+    """Counts the tasks (or results) a filter sees per task name, so a test filter can act from or at a round."""
+
+    def __init__(self):
+        self.seen: dict[str, int] = defaultdict(int)
+
+    def next(self, fl_ctx: FLContext) -> tuple[str, int]:
+        """``(task name, 0-based count of this task so far)`` for the shareable being filtered now."""
+        task = fl_ctx.get_prop(FLContextKey.TASK_NAME) or "?"
+        self.seen[task] += 1
+        return task, self.seen[task] - 1
+
+
 class PoisonFilter(Filter):
     """Client result filter: from the ``from_round``-th result (0-based, counted per task) on, ``site``'s weight
     updates become NaN, or are multiplied by ``scale`` when it is given. Args: site, from_round (default 1), scale
@@ -46,12 +59,10 @@ class PoisonFilter(Filter):
     def __init__(self, site: str, from_round: int = 1, scale: float | None = None):
         super().__init__()
         keep_args(self, site=site, from_round=from_round, scale=scale)
-        self.seen: dict[str, int] = defaultdict(int)
+        self.counter = TaskCounter()
 
     def process(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
-        task = fl_ctx.get_prop(FLContextKey.TASK_NAME) or "?"
-        rnd = self.seen[task]
-        self.seen[task] += 1
+        task, rnd = self.counter.next(fl_ctx)
         if fl_ctx.get_identity_name() != self.site or rnd < self.from_round:
             return shareable
         if shareable.get_return_code(ReturnCode.OK) != ReturnCode.OK:

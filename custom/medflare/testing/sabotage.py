@@ -10,16 +10,15 @@ goes on with the others (tests/e2e/test_bad_file_mid_job.py). Never used by a jo
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 
 from nvflare.apis.filter import Filter
-from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable
 
 from medflare import ConfigError
 from medflare.common.component import keep_args
+from medflare.testing.poison import TaskCounter
 
 DAMAGES = ("delete", "truncate")
 
@@ -33,12 +32,10 @@ class DamageFileFilter(Filter):
         if damage not in DAMAGES:
             raise ConfigError(f"DamageFileFilter: damage must be one of {DAMAGES}, got '{damage}'")
         keep_args(self, site=site, path=path, at_round=at_round, damage=damage)
-        self.seen: dict[str, int] = defaultdict(int)
+        self.counter = TaskCounter()
 
     def process(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
-        task = fl_ctx.get_prop(FLContextKey.TASK_NAME) or "?"
-        rnd = self.seen[task]
-        self.seen[task] += 1
+        task, rnd = self.counter.next(fl_ctx)
         if fl_ctx.get_identity_name() == self.site and rnd == self.at_round:
             target = Path(self.path)
             if self.damage == "delete":

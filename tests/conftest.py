@@ -32,16 +32,3 @@ def repo() -> Path:
 @pytest.fixture(scope="session")
 def python_bin() -> str:
     return sys.executable
-
-
-def pytest_collection_modifyitems(config, items):
-    """Groups for pytest-xdist's ``--dist loadgroup`` (README's test command runs two workers: the end-to-end tests
-    spend about half their time waiting on FLARE processes, so two share the CI machine's two cores): an
-    end-to-end module stays on one worker so its module-scoped FLARE runs happen once, and every POC test
-    shares one worker so no two real federations (and their heart-beat timeouts) overlap. Unit tests spread freely."""
-    for item in items:
-        parts = Path(str(item.fspath)).relative_to(REPO / "tests").parts
-        if parts[0] == "poc":
-            item.add_marker(pytest.mark.xdist_group("poc"))
-        elif parts[0] != "unit":
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))

@@ -91,6 +91,10 @@ def test_tables_mean_and_spread_over_seeds_and_mark_what_the_spread_cannot_separ
     assert rows[0]["client_average"] == pytest.approx(0.85) and rows[0]["client_average_sd"] == pytest.approx(0.0707, abs=1e-4)
     mark_ties(rows)
     assert [r.get("tie") for r in rows] == [False, True, False]  # b within a's spread, c far below
+    # a centralised (or local) row scoring higher is a reference, not the best method the others are compared with
+    central = summary_row([_record("central", 0, 0.99, traffic=False), _record("central", 1, 0.97, traffic=False)])
+    mark_ties(rows + [central])
+    assert [r.get("tie") for r in rows + [central]] == [False, True, False, False]
     md = markdown(rows, "cls", ["s1", "s2"])
     assert "| A | 0, 1 | 84.00 | 86.00 | 85.00 +- 7.07 |" in md and "| B ~ | 0, 1 |" in md
     assert "1.0 kB | 2.0 kB | 0.01 MB | WEIGHT_DIFF | 10 | 4 | 450 | - |" in md

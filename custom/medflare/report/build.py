@@ -77,7 +77,7 @@ def write(out: Path, records: list[dict[str, Any]], failed: list[str] | None = N
              "Every method on the same sites, scored the same way (`medflare evaluate` on each site's test split). "
              "Bytes are payload arrays counted by a FLARE filter on the server (see docs/report.md); FLARE overhead is "
              "wall time minus the compute on the critical path (per exchange, the slowest site's time from receiving a "
-             "task to its result arriving); peak memory is the largest resident size of a site's process. `~`: within the spread over seeds of the best method.",
+             "task to its result arriving); peak memory is the largest resident size of a site's process. `~`: within the spread over seeds of the best federated method (local and centralised rows are references).",
              f"Machine: {os.cpu_count()} CPUs, training on {devices(records)}; 1-minute load during the runs "
              f"{_load_range(records)}. Timings marked (GPU) were taken with a GPU and compare only with each other.", ""]
     if failed:

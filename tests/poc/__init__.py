@@ -24,7 +24,8 @@ pocfed = _load_pocfed()
 def poc_federation(tmp_path_factory, preset: str, n_sites: int, **kwargs):
     """A started POC federation of ``n_sites`` hospitals for one test module, data of ``preset`` written by `medflare
     data`, HOME isolated (the Session API in this process touches nothing under the user's ~); on exit stopped, and
-    no process of it may be left (killed, not `nvflare poc stop`ped: 30 s saved per module). Attributes added: ``data``, ``jobs_dir``, ``results``. ``kwargs`` go to PocFederation."""
+    no process of it may be left (killed, not `nvflare poc stop`ped: 30 s saved per module). Attributes added:
+    ``data``, ``jobs_dir``, ``results``. ``kwargs`` go to PocFederation."""
     from medflare.cli import main as medflare_main
 
     stale = pocfed.kill_stale_test_federations()  # of earlier runs killed before their teardown

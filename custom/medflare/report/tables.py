@@ -64,7 +64,7 @@ def summary_row(runs: list[Mapping[str, Any]]) -> dict[str, Any]:
     row["down_B_per_site_round"] = _mean_sd([t["per_site_round"]["down"] for t in traffic])[0] if traffic else 0.0
     row["total_MB"] = _mean_sd([(t["total"]["up"] + t["total"]["down"]) / 1e6 for t in traffic])[0] if traffic else 0.0
     row["sent"] = ", ".join(traffic[0]["kinds"]["up"]) if traffic else "nothing (no federation)"
-    row["federated"] = bool(traffic)
+    row["federated"] = bool(traffic)  # a standalone (local / centralised) row sends nothing
     row["wall_s"], _ = _mean_sd([r["seconds"] for r in runs])
     row["overhead_s"], _ = _mean_sd([r["overhead_s"] for r in runs])
     peaks = [max(v for k, v in r["peak_mb"].items() if k != "server") for r in runs if any(k != "server" for k in r.get("peak_mb", {}))]
@@ -79,13 +79,15 @@ def summary_row(runs: list[Mapping[str, Any]]) -> dict[str, Any]:
 def mark_ties(rows: list[dict[str, Any]]) -> None:
     """``tie`` = a federated method's client average is within the spread of the best federated method's (several
     seeds only); local / centralised rows are never the best nor marked."""
-    scored = [r for r in rows if r["client_average"] == r["client_average"] and r.get("federated", True)]
+    for r in rows:
+        r["tie"] = False
+    scored = [r for r in rows if r["federated"] and r["client_average"] == r["client_average"]]
     if not scored:
         return
     best = max(scored, key=lambda r: r["client_average"])
-    for r in rows:
+    for r in scored:
         spread = max(r["client_average_sd"], best["client_average_sd"])
-        r["tie"] = r is not best and r in scored and len(r["seeds"]) > 1 and spread > 0 and best["client_average"] - r["client_average"] <= spread
+        r["tie"] = r is not best and len(r["seeds"]) > 1 and spread > 0 and best["client_average"] - r["client_average"] <= spread
 
 
 def _pct(v: float, sd: float | None = None) -> str:

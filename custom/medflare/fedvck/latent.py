@@ -25,13 +25,9 @@ import torch
 from torch import nn
 
 from medflare import ConfigError
+from medflare.nets.batchnorm import batch_statistics, bn_layers
 
 MODES = ("record", "replay", "own")
-
-
-def bn_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
-    """Every BatchNorm layer of ``model`` in forward-registration order."""
-    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
 
 class BNStatistics:
@@ -39,11 +35,6 @@ class BNStatistics:
 
     def __init__(self) -> None:
         self.layers: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-
-def _batch_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    dims = [0, *range(2, x.ndim)]
-    return x.mean(dim=dims), x.var(dim=dims, unbiased=False)
 
 
 @contextlib.contextmanager
@@ -75,7 +66,7 @@ def bn_statistics(model: nn.Module, mode: str, stats: BNStatistics | None = None
         if mode == "replay":
             mean, var = out.layers[i]
         else:
-            mean, var = _batch_stats(x)
+            mean, var = batch_statistics(x)
             if mode == "record":
                 out.layers.append((mean.detach(), var.detach()))
         shape = [1, -1] + [1] * (x.ndim - 2)

@@ -15,6 +15,7 @@ from medflare.fediod.privacy import PrivacySettings
 from medflare.fediod.server import Distiller, LocalFederation, SiteInfo
 from medflare.fediod.site import SiteDistiller
 from medflare.nets import ConvNet, ResNet8, build_unet
+from medflare.nets.batchnorm import forward_with_bn_prior
 
 C, B, S = 4, 6, 16
 
@@ -55,7 +56,7 @@ def _single_process_grad(window, ref, cfg, task, drop=()):
     x = G(window.w[0])
     y = window.y[0] if window.y is not None else None
     keep = [k for k in range(2) if f"site-{k}" not in drop]
-    z = [ref["T"][k](x) for k in keep]
+    z, prior = zip(*[forward_with_bn_prior(ref["T"][k], x) for k in keep])
     crit = lambda k, img, lab: ref["D"][k](torch.cat([one_hot(lab, C), img], 1) if task == "segmentation" else img)  # noqa: E731
     means, logits = [], []
     for k in keep:
@@ -73,7 +74,7 @@ def _single_process_grad(window, ref, cfg, task, drop=()):
     loss = (cfg.lambda_conf * L.conf_loss(z, pi) + cfg.lambda_unique * L.unique_loss(z, pi)
             - cfg.lambda_mimic * L.mimic_loss(Snet(x), A, cfg.mimic_tau)
             + cfg.lambda_gan * sum(pi[i] * L.generator_adv_loss(logits[i]) for i in range(len(keep)))).mean()
-    loss = loss + cfg.lambda_balance * L.balance_loss(A, cfg.tau)
+    loss = loss + cfg.lambda_balance * L.balance_loss(A, cfg.tau) + cfg.lambda_bn * sum(pi[i] * prior[i] for i in range(len(keep)))
     return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(G.parameters()))])
 
 
@@ -90,6 +91,7 @@ def _federated_grad(dist, fed):
     ("classification", "eq8", None),
     ("classification", "labels", {"mimic_tau": 1.0, "lambda_gan": 0.5}),
     ("classification", "mean", {"lambda_balance": 2.0, "lambda_unique": 0.0}),
+    ("classification", "eq8", {"lambda_bn": 0.7, "mimic_tau": 1.0}),
     ("segmentation", "eq8", {"lambda_conf": 0.3}),
 ])
 def test_federated_generator_gradient_equals_single_process(task, ensemble, lam):
@@ -104,9 +106,13 @@ def test_each_term_reaches_the_generator():
     """The test above would pass if a coupled term were dropped on both sides: check the sites' terms matter."""
     dist, fed, ref, cfg = _setup("classification")
     window, req, full = _federated_grad(dist, fed)
-    assert all(g_r.abs().sum() > 0 for _, g_r, _ in req.grads.values())  # Eq. 8's D factor gets a gradient
+    assert all(g_r.abs().sum() > 0 for _, g_r, *_ in req.grads.values())  # Eq. 8's D factor gets a gradient
     own_only = dist.generator_gradients(window, req, {})  # the server's term alone
     assert not torch.allclose(full, torch.cat([g.reshape(-1) for g in own_only[0]]))
+    dist, fed, _, _ = _setup("classification", lam={"lambda_bn": 0.7})  # same seeds, the teachers' BN prior on
+    window, req, with_prior = _federated_grad(dist, fed)
+    assert all(b > 0 for *_, b in req.grads.values())
+    assert not torch.allclose(full, with_prior, rtol=1e-3)
 
 
 def test_nan_site_is_dropped_named_and_the_rest_is_exact():

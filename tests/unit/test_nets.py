@@ -100,3 +100,42 @@ def test_parameter_counts_by_hand():
     frozen = build_model("resnet8", in_channels=3, num_classes=10, widths=[16, 32, 64])
     frozen.classifier.requires_grad_(False)
     assert count_parameters(frozen, trainable_only=True) == 78_042 - 650 and count_parameters(frozen) == 78_042
+
+
+def test_bn_prior_is_the_distance_of_batch_statistics_from_running_statistics():
+    """DeepInversion's R_feature by hand on one BN layer; the model's mode and statistics are left as they were."""
+    from medflare.nets.batchnorm import forward_with_bn_prior
+
+    bn = torch.nn.BatchNorm2d(2).eval()
+    bn.running_mean.copy_(torch.tensor([1.0, -1.0]))
+    bn.running_var.copy_(torch.tensor([4.0, 0.25]))
+    x = torch.tensor([[[[0.0, 2.0]], [[1.0, 1.0]]], [[[2.0, 4.0]], [[-1.0, -1.0]]]])  # (B=2, C=2, 1, 2)
+    # channel 0: values 0, 2, 2, 4 -> mean 2, var 2; channel 1: 1, 1, -1, -1 -> mean 0, var 1
+    expected = torch.tensor([2.0 - 1.0, 0.0 + 1.0]).norm() + torch.tensor([2.0 - 4.0, 1.0 - 0.25]).norm()
+    out, prior = forward_with_bn_prior(bn, x)
+    assert torch.allclose(prior, expected) and torch.equal(out, bn(x))
+    assert not bn.training and bn.running_mean.tolist() == [1.0, -1.0] and bn.num_batches_tracked == 0
+    assert not bn._forward_hooks  # hooks removed
+    _, none = forward_with_bn_prior(torch.nn.Conv2d(2, 2, 1), x)
+    assert none.item() == 0.0
+
+
+def test_bn_prior_gradient_moves_a_batch_towards_the_teachers_statistics():
+    from medflare.nets.batchnorm import forward_with_bn_prior
+
+    torch.manual_seed(0)
+    teacher = build_model("convnet", **CLS_ARGS["convnet"](16)).train()
+    with torch.no_grad():
+        for _ in range(20):
+            teacher(torch.rand(32, 1, 16, 16) * 0.5 + 0.25)  # running statistics of "real" data
+    teacher.eval()
+    x = torch.randn(32, 1, 16, 16).requires_grad_(True)
+    opt = torch.optim.Adam([x], lr=0.05)
+    first = None
+    for _ in range(60):
+        _, prior = forward_with_bn_prior(teacher, x)
+        first = float(prior.detach()) if first is None else first
+        opt.zero_grad()
+        prior.backward()
+        opt.step()
+    assert float(forward_with_bn_prior(teacher, x)[1]) < 0.5 * first

@@ -10,6 +10,8 @@
       "mimic_tau": 0.0,            # L_mimic: 0 = squared logit distance (Eq. 10, tau -> inf); > 0 = tau^2 KL at tau
       "lambda_conf": 1.0, "lambda_unique": 1.0, "lambda_mimic": 1.0, "lambda_gan": 1.0,
       "lambda_balance": 0.0,       # class balance of the ensemble's predictions (reference code, not the paper)
+      "lambda_bn": 0.0,            # realism prior: generated batches' features vs each teacher's BatchNorm running
+                                   # statistics (DeepInversion; not the paper; computed at the site; 0 = off)
       "ensemble": "eq8",           # Eq. 8 weights | "labels" (label factor only) | "mean" (1/K); Table 6/7 ablation
       "gan_weighting": "data_size",  # G's GAN terms weighted by pi_k (Eq. 2) | "uniform" (Table 6 "Avg")
       "lr_generator": 1e-3, "lr_student": 1e-3, "lr_discriminator": 1e-3, "cosine": true,
@@ -45,6 +47,7 @@ class FedIODConfig:
     lambda_mimic: float = 1.0
     lambda_gan: float = 1.0
     lambda_balance: float = 0.0
+    lambda_bn: float = 0.0
     ensemble: str = "eq8"
     gan_weighting: str = "data_size"
     lr_generator: float = 1e-3
@@ -72,7 +75,7 @@ class FedIODConfig:
         for key in ("tau", "lr_generator", "lr_student", "lr_discriminator"):
             if not isinstance(getattr(c, key), (int, float)) or getattr(c, key) <= 0:
                 raise ConfigError(f"preset 'fediod.{key}' must be a number > 0, got {getattr(c, key)!r}")
-        for key in ("lambda_conf", "lambda_unique", "lambda_mimic", "lambda_gan", "lambda_balance", "mimic_tau"):
+        for key in ("lambda_conf", "lambda_unique", "lambda_mimic", "lambda_gan", "lambda_balance", "lambda_bn", "mimic_tau"):
             if not isinstance(getattr(c, key), (int, float)) or getattr(c, key) < 0:
                 raise ConfigError(f"preset 'fediod.{key}' must be a number >= 0, got {getattr(c, key)!r}")
         if c.ensemble not in ENSEMBLES:

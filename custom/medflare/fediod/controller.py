@@ -207,8 +207,9 @@ class FedIODController(SiteRounds):
     def input_gradients(self, requests):
         payloads = {s: self._model(DXO(P.KIND_OUTPUT_GRADIENTS, {"g_z": g_z.cpu().numpy().astype(np.float32),
                                                                  "g_r": g_r.cpu().numpy().astype(np.float32),
-                                                                 "adv_weight": np.array([c], dtype=np.float32)}))
-                    for s, (g_z, g_r, c) in requests.items()}
+                                                                 "adv_weight": np.array([c], dtype=np.float32),
+                                                                 "prior_weight": np.array([b], dtype=np.float32)}))
+                    for s, (g_z, g_r, c, b) in requests.items()}
         results = self.exchange(P.TASK_GRADIENTS, payloads, self.rnd, min_responses=min(self._need(), len(payloads)))
         out = {}
         for s in payloads:

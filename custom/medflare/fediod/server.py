@@ -3,22 +3,29 @@
 The server holds the generator G and the student S. Write the generator's loss for one step (Algorithm 1,
 last lines) as a mean over the B generated inputs ``x_i = G(w_i)``::
 
-    L_G = 1/B sum_i l_i,   l_i = lc H_conf(z(x_i)) + lu (-JSD(z(x_i))) - lm |S(x_i) - A(z(x_i), r(x_i))|^2
-                                 + lg sum_k w_k l_adv(D_k(x_i))
+    L_G = 1/B sum_i l_i + lb sum_k w_k R_k(x_1..B),
+    l_i = lc H_conf(z(x_i)) + lu (-JSD(z(x_i))) - lm |S(x_i) - A(z(x_i), r(x_i))|^2 + lg sum_k w_k l_adv(D_k(x_i))
 
 with ``z_k = T_k(x)`` (teacher logits) and ``r_k = D_k(x) / E D_k(x'_k)`` (Eq. 8's discriminator factor)
 computed at site k, and ``w_k = pi_k`` (or 1/K). By the chain rule, for each input
 
     dL_G/dx_i = 1/B [ dl_i/dx_i |_S  +  sum_k ( J_{z_k}(x_i)^T dl_i/dz_k,i + J_{r_k}(x_i)^T dl_i/dr_k,i
-                                               + lg w_k d l_adv(D_k(x_i))/dx_i ) ]
+                                               + lg w_k d l_adv(D_k(x_i))/dx_i + B lb w_k dR_k/dx_i ) ]
 
 The first term passes through S only (server). ``dl/dz_k`` and ``dl/dr_k`` need every site's outputs
 (Eq. 4's mixture, Eq. 8's per-class normalisation across sites, Eq. 9's ensemble), so they exist only once
 the server has combined them: that is :meth:`Distiller.combine`. Each site can then form the bracket for
-its own k from ``(dl/dz_k, dl/dr_k, lg w_k)`` alone, because only it has T_k and D_k: that is
+its own k from ``(dl/dz_k, dl/dr_k, lg w_k, lb w_k)`` alone, because only it has T_k and D_k: that is
 :meth:`medflare.fediod.site.SiteDistiller.input_gradients`, a vector-Jacobian product per input. The server
 adds the site vectors to its own term and backpropagates ``dL_G/dx`` through G (:meth:`Distiller.apply`).
 With noise and clipping off this is exactly the gradient of the single-process loss (tests/unit).
+
+``R_k`` is the optional realism prior ``lambda_bn`` (lb; 0 = the paper's loss): the distance of a generated
+batch's feature statistics from T_k's BatchNorm running statistics (DeepInversion's R_feature,
+:func:`medflare.nets.batchnorm.forward_with_bn_prior`), computed at site k, whose statistics never leave it.
+The paper does not use it: its discriminators make G realistic over 300 epochs, which a CPU run of a few
+hundred steps does not reach (benchmarks/RESULTS_fediod.md measures both). It is weighted like the GAN term
+(``w_k``) and is a function of the whole batch, so it enters dL_G/dx_i without the 1/B.
 
 Messages are grouped in windows of M steps (``steps_per_window``): G generates the M batches of a window
 at once, the sites answer for all M, the student and D_k take their M steps in order, and G takes M Adam
@@ -68,9 +75,10 @@ class Window:
 
 @dataclass
 class Requests:
-    """What :meth:`Distiller.combine` asks each site: gradients w.r.t. its outputs and its GAN weight."""
+    """What :meth:`Distiller.combine` asks each site: gradients w.r.t. its outputs, its GAN weight and its prior's
+    weight (``grads[site] = (g_z, g_r, lg w_k, lb w_k)``)."""
 
-    grads: dict[str, tuple[torch.Tensor, torch.Tensor, float]] = field(default_factory=dict)
+    grads: dict[str, tuple[torch.Tensor, torch.Tensor, float, float]] = field(default_factory=dict)
     direct: list[torch.Tensor] = field(default_factory=list)
     dropped: dict[str, str] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)
@@ -82,7 +90,7 @@ class Federation(Protocol):
     def outputs(self, x: torch.Tensor, y: torch.Tensor | None) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, str]]:
         """({site: (logits, discriminator factors)}, {site: why it did not answer})."""
 
-    def input_gradients(self, requests: Mapping[str, tuple[torch.Tensor, torch.Tensor, float]]) -> dict[str, torch.Tensor]:
+    def input_gradients(self, requests: Mapping[str, tuple[torch.Tensor, torch.Tensor, float, float]]) -> dict[str, torch.Tensor]:
         """{site: per-input gradient (M, B, C, H, W)}."""
 
 
@@ -223,8 +231,8 @@ class Distiller:
             totals["mimic"] += float(s_loss.detach())
         M = len(window.x)
         req.stats = {k: v / M for k, v in totals.items()}
-        req.grads = {s: (torch.stack(g_z[s]).detach(), torch.stack(g_r[s]).detach(), float(c.lambda_gan * gan_w[i]))
-                     for i, s in enumerate(sites)}
+        req.grads = {s: (torch.stack(g_z[s]).detach(), torch.stack(g_r[s]).detach(), float(c.lambda_gan * gan_w[i]),
+                         float(c.lambda_bn * gan_w[i])) for i, s in enumerate(sites)}
         return req
 
     def generator_gradients(self, window: Window, requests: Requests, vjps: Mapping[str, torch.Tensor]) -> list[list[torch.Tensor]]:

@@ -6,15 +6,19 @@ The site holds its frozen teacher T_k and its discriminator D_k. Per window of M
    own real images, and returns the teacher logits ``z_k = T_k(x)`` and the discriminator factor of Eq. 8,
    ``r_k(x) = D_k(x) / E_{x'_k} D_k(x'_k)`` (the mean over this window's real images, with D_k as it is now);
 2. :meth:`SiteDistiller.input_gradients`: receives the per-input gradients of the server's loss with
-   respect to its outputs, ``g_z = dL/dz_k`` and ``g_r = dL/dr_k``, and the weight ``c_k`` of its own GAN
-   term, and returns the vector-Jacobian product
-   ``v_k(x_i) = d/dx_i [ <g_z,i, T_k(x_i)> + g_r,i r_k(x_i) + c_k l_adv(D_k(x_i)) ]``
+   respect to its outputs, ``g_z = dL/dz_k`` and ``g_r = dL/dr_k``, the weight ``c_k`` of its own GAN
+   term and the weight ``b_k`` of its teacher's batch-statistics prior, and returns the vector-Jacobian product
+   ``v_k(x_i) = d/dx_i [ <g_z,i, T_k(x_i)> + g_r,i r_k(x_i) + c_k l_adv(D_k(x_i)) + B b_k R_k(x_1..B) ]``
    (per input, clipped and noised when the site's privacy settings say so), then trains D_k for M steps
-   on (real batch m, generated batch m), as in Algorithm 1.
+   on (real batch m, generated batch m), as in Algorithm 1. ``R_k`` is the BatchNorm-statistics prior of
+   :func:`medflare.nets.batchnorm.forward_with_bn_prior` on T_k (``lambda_bn``, not in the paper; b_k = 0
+   leaves it out); it is a batch-level term of G's loss, hence the factor B against the server's 1/B.
 
 D_k is used at the same state in both calls, so ``v_k`` is the exact gradient of the quantities sent in
-call 1. T_k is in eval mode and D_k has instance norm: every output and gradient of input i depends on
-input i alone, which per-input clipping needs. Nothing here sends anything: the executor packs the
+call 1. T_k is in eval mode and D_k has instance norm, so every output of input i depends on input i
+alone; the prior's gradient couples the inputs of a batch, which does not weaken the privacy argument
+(:mod:`medflare.fediod.privacy`: the protected unit is a record of the site's data, and each released
+vector is clipped to C whatever it depends on). Nothing here sends anything: the executor packs the
 returned tensors into DXOs.
 """
 
@@ -29,6 +33,7 @@ from medflare.fediod.config import FedIODConfig
 from medflare.fediod.losses import discriminator_loss, discriminator_score, generator_adv_loss
 from medflare.fediod.networks import one_hot
 from medflare.fediod.privacy import PrivacySettings, SiteAccountant, clip_and_noise, release_noise_multiplier
+from medflare.nets.batchnorm import forward_with_bn_prior
 
 
 def real_batches(dataset, batch_size: int, seed: int) -> Iterator[dict]:
@@ -73,6 +78,7 @@ class SiteDistiller:
         self._real_mean = 1.0
         self._z_shape: tuple[int, ...] = ()
         self.last_d_loss = float("nan")
+        self.last_prior = float("nan")  # R_k of the last generated batch (for the site's own log)
 
     # ---- privacy -------------------------------------------------------------------------------
     def releases(self, vectors: int) -> list[tuple[float, float]]:
@@ -126,9 +132,10 @@ class SiteDistiller:
         return z, r
 
     # ---- call 2 --------------------------------------------------------------------------------
-    def input_gradients(self, g_z: torch.Tensor, g_r: torch.Tensor, adv_weight: float) -> torch.Tensor:
+    def input_gradients(self, g_z: torch.Tensor, g_r: torch.Tensor, adv_weight: float, prior_weight: float = 0.0) -> torch.Tensor:
         """Per-input VJP ``(M, B, C, H, W)`` of the window of call 1 (clipped and noised per the site's settings),
-        then M discriminator steps. ``g_z``: like the logits; ``g_r``: ``(M, B)``."""
+        then M discriminator steps. ``g_z``: like the logits; ``g_r``: ``(M, B)``; ``adv_weight``, ``prior_weight``:
+        c_k and b_k of the module docstring."""
         if self._x is None:
             raise PayloadError("input gradients were asked for before any generated inputs arrived")
         M, B = self._x.shape[:2]
@@ -141,7 +148,12 @@ class SiteDistiller:
             xm = self._x[m].detach().requires_grad_(True)
             ym = self._y[m] if self._y is not None else None
             logits = self.disc(self._critic_input(xm, ym))
-            objective = (g_z[m] * self.teacher(xm)).sum() + (g_r[m] * discriminator_score(logits) / self._real_mean).sum()
+            if prior_weight:
+                z, prior = forward_with_bn_prior(self.teacher, xm)
+                self.last_prior = float(prior.detach())
+            else:
+                z, prior = self.teacher(xm), 0.0
+            objective = (g_z[m] * z).sum() + (g_r[m] * discriminator_score(logits) / self._real_mean).sum() + B * prior_weight * prior
             if adv_weight:
                 objective = objective + adv_weight * generator_adv_loss(logits).sum()
             grads.append(torch.autograd.grad(objective, xm)[0])

@@ -157,11 +157,13 @@ class FedIODExecutor(SiteExecutor):
                                            weight("adv_weight"), weight("prior_weight"))
         self.windows += 1
         eps = self.distiller.epsilon() if self.privacy.enabled else float("inf")
+        scalars = {"privacy/epsilon": eps, "discriminator_loss": self.distiller.last_d_loss}
+        if weight("prior_weight"):
+            scalars["teacher_bn_prior"] = self.distiller.last_prior
         self.log_info(fl_ctx, f"site '{self.site}': window {self.windows}: epsilon {eps:.4f} (delta {self.privacy.delta}), "
-                              f"discriminator loss {self.distiller.last_d_loss:.4f}, teacher BN prior {self.distiller.last_prior:.4f}")
+                              + ", ".join(f"{k.replace('_', ' ')} {val:.4f}" for k, val in scalars.items() if k != "privacy/epsilon"))
         rnd = shareable.get_header(AppConstants.CURRENT_ROUND) or 0
-        self.tracker.scalars(fl_ctx, {"privacy/epsilon": eps, "discriminator_loss": self.distiller.last_d_loss,
-                                        "teacher_bn_prior": self.distiller.last_prior}, self.windows)
+        self.tracker.scalars(fl_ctx, scalars, self.windows)
         parts = {P.PART_GRADIENTS: DXO(P.KIND_INPUT_GRADIENTS, {"v": _array(v)}), P.PART_PRIVACY: self._privacy_part()}
         return collection(parts, {P.WINDOW: dxo.get_meta_prop(P.WINDOW), P.STATUS: "ok", "round": rnd}).to_shareable()
 

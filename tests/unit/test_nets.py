@@ -117,7 +117,8 @@ def test_bn_prior_is_the_distance_of_batch_statistics_from_running_statistics():
     assert not bn.training and bn.running_mean.tolist() == [1.0, -1.0] and bn.num_batches_tracked == 0
     assert not bn._forward_hooks  # hooks removed
     _, none = forward_with_bn_prior(torch.nn.Conv2d(2, 2, 1), x)
-    assert none.item() == 0.0
+    _, untracked = forward_with_bn_prior(torch.nn.BatchNorm2d(2, track_running_stats=False), x)  # nothing to compare with
+    assert none.item() == 0.0 and untracked.item() == 0.0
 
 
 def test_bn_prior_gradient_moves_a_batch_towards_the_teachers_statistics():

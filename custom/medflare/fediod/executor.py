@@ -39,7 +39,7 @@ from medflare.fediod.config import FedIODConfig
 from medflare.fediod.privacy import PrivacySettings
 from medflare.fediod.teacher import checkpoint_file, load_teacher, save_teacher, teacher_settings, train_teacher
 from medflare.nets import build_from_spec
-from medflare.nets.batchnorm import bn_layers
+from medflare.nets.batchnorm import prior_layers
 
 
 def _array(t: torch.Tensor, dtype=np.float32) -> np.ndarray:
@@ -100,9 +100,9 @@ class FedIODExecutor(SiteExecutor):
         self.log_info(fl_ctx, f"site '{self.site}': teacher on its own validation split: {format_metrics(metrics)}")
         self.tracker.scalars(fl_ctx, metrics, 0, prefix="stage1/")
         self.distiller = site_distiller(self.cfg, self.site, self.teacher_model, self.data.train, self.privacy, self.seed, self.torch_device)
-        if self.fcfg.lambda_bn and not bn_layers(self.teacher_model):
-            self.log_warning(fl_ctx, f"site '{self.site}': 'fediod.lambda_bn' is set but its teacher has no BatchNorm layers: "
-                                     "its realism prior is 0 (only BatchNorm teachers contribute one)")
+        if self.fcfg.lambda_bn and not prior_layers(self.teacher_model):
+            self.log_warning(fl_ctx, f"site '{self.site}': 'fediod.lambda_bn' is set but its teacher has no BatchNorm layers with "
+                                     "running statistics: its realism prior is 0")
         counts = label_counts(self.data.train, self.data.task, self.data.num_classes)
         with torch.no_grad():
             probe = self.teacher_model(self.data.train[0]["image"][None].to(self.torch_device))
@@ -152,16 +152,17 @@ class FedIODExecutor(SiteExecutor):
         dxo = from_shareable(shareable)
         if dxo.data_kind != P.KIND_OUTPUT_GRADIENTS:
             raise PayloadError(f"site '{self.site}': task '{P.TASK_GRADIENTS}' expects a {P.KIND_OUTPUT_GRADIENTS} DXO, got {dxo.data_kind}")
-        weight = lambda key: float(np.asarray(dxo.data.get(key, 0.0)).reshape(-1)[0])  # noqa: E731
-        v = self.distiller.input_gradients(torch.as_tensor(dxo.data["g_z"]), torch.as_tensor(dxo.data["g_r"]),
-                                           weight("adv_weight"), weight("prior_weight"))
+        adv_weight, prior_weight = (float(np.asarray(dxo.data[k]).reshape(-1)[0]) for k in ("adv_weight", "prior_weight"))
+        v = self.distiller.input_gradients(torch.as_tensor(dxo.data["g_z"]), torch.as_tensor(dxo.data["g_r"]), adv_weight, prior_weight)
         self.windows += 1
         eps = self.distiller.epsilon() if self.privacy.enabled else float("inf")
         scalars = {"privacy/epsilon": eps, "discriminator_loss": self.distiller.last_d_loss}
-        if weight("prior_weight"):
+        prior = ""
+        if prior_weight:
             scalars["teacher_bn_prior"] = self.distiller.last_prior
+            prior = f", teacher BN prior {self.distiller.last_prior:.4f}"
         self.log_info(fl_ctx, f"site '{self.site}': window {self.windows}: epsilon {eps:.4f} (delta {self.privacy.delta}), "
-                              + ", ".join(f"{k.replace('_', ' ')} {val:.4f}" for k, val in scalars.items() if k != "privacy/epsilon"))
+                              f"discriminator loss {self.distiller.last_d_loss:.4f}{prior}")
         rnd = shareable.get_header(AppConstants.CURRENT_ROUND) or 0
         self.tracker.scalars(fl_ctx, scalars, self.windows)
         parts = {P.PART_GRADIENTS: DXO(P.KIND_INPUT_GRADIENTS, {"v": _array(v)}), P.PART_PRIVACY: self._privacy_part()}

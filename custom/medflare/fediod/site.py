@@ -132,7 +132,7 @@ class SiteDistiller:
         return z, r
 
     # ---- call 2 --------------------------------------------------------------------------------
-    def input_gradients(self, g_z: torch.Tensor, g_r: torch.Tensor, adv_weight: float, prior_weight: float = 0.0) -> torch.Tensor:
+    def input_gradients(self, g_z: torch.Tensor, g_r: torch.Tensor, adv_weight: float, prior_weight: float) -> torch.Tensor:
         """Per-input VJP ``(M, B, C, H, W)`` of the window of call 1 (clipped and noised per the site's settings),
         then M discriminator steps. ``g_z``: like the logits; ``g_r``: ``(M, B)``; ``adv_weight``, ``prior_weight``:
         c_k and b_k of the module docstring."""

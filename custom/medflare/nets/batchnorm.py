@@ -17,6 +17,11 @@ def bn_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
     return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
 
+def prior_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
+    """The BatchNorm layers :func:`forward_with_bn_prior` reads: those that keep running statistics."""
+    return [bn for bn in bn_layers(model) if bn.track_running_stats]
+
+
 def batch_statistics(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel mean and biased variance of a ``(B, C, *spatial)`` batch, as a BatchNorm layer computes them."""
     dims = [0, *range(2, x.ndim)]
@@ -32,7 +37,7 @@ def forward_with_bn_prior(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tens
     features at the layer's input. R is small when the batch's features are distributed like those the
     network was trained on, and differentiable in ``x``. The model is used as it is (eval mode: its
     outputs use the running statistics); its statistics and mode are not changed. A network without
-    BatchNorm layers gives ``R = 0``. R couples the inputs of the batch (each input's gradient depends
+    :func:`prior_layers` gives ``R = 0``. R couples the inputs of the batch (each input's gradient depends
     on the others).
     """
     terms: list[torch.Tensor] = []
@@ -41,7 +46,7 @@ def forward_with_bn_prior(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tens
         mean, var = batch_statistics(inputs[0])
         terms.append(torch.linalg.vector_norm(mean - bn.running_mean) + torch.linalg.vector_norm(var - bn.running_var))
 
-    handles = [bn.register_forward_hook(hook) for bn in bn_layers(model) if bn.track_running_stats]
+    handles = [bn.register_forward_hook(hook) for bn in prior_layers(model)]
     try:
         out = model(x)
     finally:
@@ -51,4 +56,4 @@ def forward_with_bn_prior(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tens
     return out, prior
 
 
-__all__ = ["batch_statistics", "bn_layers", "forward_with_bn_prior"]
+__all__ = ["batch_statistics", "bn_layers", "forward_with_bn_prior", "prior_layers"]

@@ -170,3 +170,52 @@ def test_a_site_out_of_budget_stops_and_says_why():
     assert set(fed.stopped) == {"site-0", "site-1"} and "epsilon budget 60.0" in fed.stopped["site-0"]
     assert all(s.epsilon() <= 60.0 for s in fed.sites.values())
     assert req.grads == {}  # nobody answered: no step taken on stale or missing outputs
+
+
+class _CountingFederation:
+    """Counts the sites' two calls per window (the extra student steps must not add any)."""
+
+    def __init__(self, fed):
+        self.fed, self.calls = fed, 0
+
+    def outputs(self, x, y):
+        self.calls += 1
+        return self.fed.outputs(x, y)
+
+    def input_gradients(self, requests):
+        self.calls += 1
+        return self.fed.input_gradients(requests)
+
+
+def _bank_fit(dist):
+    """The student's mean L_mimic over everything the bank holds."""
+    with torch.no_grad():
+        return float(L.mimic_loss(dist.S(dist.bank.x), dist.bank.target, dist.cfg.mimic_tau).mean())
+
+
+def test_extra_student_steps_fit_the_ensemble_better_without_extra_messages():
+    """fediod.student_steps > 1 replays the server's bank (not in the paper): same two exchanges per window, same
+    generated inputs, and a student that fits the ensemble's logits on them clearly better than Algorithm 1's."""
+    windows = 6
+    runs = {}
+    for steps in (1, 4):
+        dist, fed, _, _ = _setup("classification", lam={"student_steps": steps, "replay_size": 64, "lr_student": 3e-3})
+        counting = _CountingFederation(fed)
+        g0 = [p.detach().clone() for p in dist.G.parameters()]
+        for _ in range(windows):
+            dist.run_window(counting)
+        assert counting.calls == 2 * windows  # two exchanges per window whatever student_steps is
+        assert len(dist.bank) == min(64, windows * dist.cfg.batch_size) and dist.steps == windows
+        runs[steps] = (dist, g0)
+    one, four = runs[1][0], runs[4][0]
+    # both banks start with the same first generated batch (same seeds; G and S differ after it) ...
+    assert torch.equal(one.bank.x[: one.cfg.batch_size], four.bank.x[: four.cfg.batch_size])
+    # ... and the student that replayed it fits the ensemble's logits there clearly better
+    fit_one, fit_four = _bank_fit(one), _bank_fit(four)
+    assert fit_four < 0.8 * fit_one, (fit_one, fit_four)
+
+
+def test_algorithm_1_keeps_no_bank():
+    dist, fed, _, _ = _setup("classification")
+    dist.run_window(fed)
+    assert dist.bank is None and dist.cfg.student_steps == 1

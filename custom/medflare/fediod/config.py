@@ -14,6 +14,10 @@
                                    # statistics (DeepInversion; not the paper; computed at the site; 0 = off)
       "ensemble": "eq8",           # Eq. 8 weights | "labels" (label factor only) | "mean" (1/K); Table 6/7 ablation
       "gan_weighting": "data_size",  # G's GAN terms weighted by pi_k (Eq. 2) | "uniform" (Table 6 "Avg")
+      "student_steps": 1,          # student steps per generated batch: 1 = Algorithm 1; each further step trains S on
+                                   # a batch drawn from the replay bank (not the paper; no extra messages)
+      "replay_size": 0,            # past generated inputs (+ their ensemble logits) the server keeps for those steps
+                                   # (medflare.fediod.replay; 0 = the extra steps repeat the current batch)
       "lr_generator": 1e-3, "lr_student": 1e-3, "lr_discriminator": 1e-3, "cosine": true,
       "label_source": "auxiliary-labels",  # segmentation: whose label maps condition G (server-side auxiliary labels)
       "image_size": 0              # side of G's output; 0 = the preset's data.image_size (set it for a site's own data)
@@ -50,6 +54,8 @@ class FedIODConfig:
     lambda_bn: float = 0.0
     ensemble: str = "eq8"
     gan_weighting: str = "data_size"
+    student_steps: int = 1
+    replay_size: int = 0
     lr_generator: float = 1e-3
     lr_student: float = 1e-3
     lr_discriminator: float = 1e-3
@@ -68,13 +74,15 @@ class FedIODConfig:
         c = cls(**section)
         if not isinstance(c.image_size, int) or c.image_size < 0:
             raise ConfigError(f"preset 'fediod.image_size' must be an int >= 0, got {c.image_size!r}")
-        for key in ("batch_size", "steps_per_window", "windows_per_round"):
+        for key in ("batch_size", "steps_per_window", "windows_per_round", "student_steps"):
             v = getattr(c, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"preset 'fediod.{key}' must be an int >= 1, got {v!r}")
         for key in ("tau", "lr_generator", "lr_student", "lr_discriminator"):
             if not isinstance(getattr(c, key), (int, float)) or getattr(c, key) <= 0:
                 raise ConfigError(f"preset 'fediod.{key}' must be a number > 0, got {getattr(c, key)!r}")
+        if not isinstance(c.replay_size, int) or isinstance(c.replay_size, bool) or c.replay_size < 0:
+            raise ConfigError(f"preset 'fediod.replay_size' must be an int >= 0, got {c.replay_size!r}")
         for key in ("lambda_conf", "lambda_unique", "lambda_mimic", "lambda_gan", "lambda_balance", "lambda_bn", "mimic_tau"):
             if not isinstance(getattr(c, key), (int, float)) or getattr(c, key) < 0:
                 raise ConfigError(f"preset 'fediod.{key}' must be a number >= 0, got {getattr(c, key)!r}")

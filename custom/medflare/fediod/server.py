@@ -27,6 +27,11 @@ The paper does not use it: its discriminators make G realistic over 300 epochs, 
 hundred steps does not reach (benchmarks/RESULTS_fediod.md measures both). It is weighted like the GAN term
 (``w_k``) and is a function of the whole batch, so it enters dL_G/dx_i without the 1/B.
 
+The student takes Algorithm 1's step on each generated batch and, with ``student_steps`` > 1, further steps on
+batches drawn from a bank of past generated inputs and the ensemble logits the server formed for them
+(:mod:`medflare.fediod.replay`, not in the paper): server-side only, no message added, nothing the sites did not
+already release. G's loss and its federated gradient are as above, evaluated at S as its steps so far left it.
+
 Messages are grouped in windows of M steps (``steps_per_window``): G generates the M batches of a window
 at once, the sites answer for all M, the student and D_k take their M steps in order, and G takes M Adam
 steps with the M gradients, all evaluated at G's parameters at the start of the window. G's gradients are
@@ -46,6 +51,7 @@ import torch
 from medflare import MedflareError, PayloadError
 from medflare.fediod.config import FedIODConfig
 from medflare.fediod.losses import aggregate, balance_loss, conf_loss, ensemble_weights, label_ratio, mimic_loss, site_weights, unique_loss
+from medflare.fediod.replay import ReplayBank
 
 
 @dataclass
@@ -129,6 +135,8 @@ class Distiller:
             raise MedflareError("segmentation FedIOD needs auxiliary label maps to condition the generator (config 'fediod.label_source')")
         self.label_maps = label_maps
         self.rng = torch.Generator().manual_seed(int(seed))
+        # past generated inputs + ensemble logits for the student's extra steps (own stream: G's noise is untouched)
+        self.bank = ReplayBank(config.replay_size, seed=int(seed) + 1) if config.replay_size else None
         self.log = log or (lambda message: None)
         self.sites: dict[str, SiteInfo] = {}
         self.steps = 0
@@ -221,11 +229,8 @@ class Distiller:
                 gz, gr = grads[1 + i], grads[1 + len(sites) + i]
                 g_z[s].append(gz if gz is not None else torch.zeros_like(z[i]))
                 g_r[s].append(gr if gr is not None else torch.zeros_like(r[i]))
-            # the student's step: min_S L_mimic with the ensemble fixed (Eq. 10)
-            s_loss = mimic_loss(student, A.detach(), c.mimic_tau).mean()
-            self.opt_s.zero_grad(set_to_none=True)
-            s_loss.backward()
-            self.opt_s.step()
+            # the student's steps: min_S L_mimic with the ensemble fixed (Eq. 10)
+            s_loss = self._student_steps(xm.detach(), A.detach(), student)
             totals["conf"] += float(conf.mean().detach())
             totals["jsd"] += float(-uniq.mean().detach())
             totals["mimic"] += float(s_loss.detach())
@@ -234,6 +239,29 @@ class Distiller:
         req.grads = {s: (torch.stack(g_z[s]).detach(), torch.stack(g_r[s]).detach(), float(c.lambda_gan * gan_w[i]),
                          float(c.lambda_bn * gan_w[i])) for i, s in enumerate(sites)}
         return req
+
+    def _student_steps(self, x: torch.Tensor, target: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        """The student's steps for one generated batch ``x`` with ensemble logits ``target``; returns the first loss.
+
+        Step 1 is Algorithm 1's, on this batch (``first`` = S(x), already computed). With ``student_steps`` > 1
+        each further step trains S on a batch drawn from the replay bank (:mod:`medflare.fediod.replay`), which
+        this batch has joined, or on this batch again when ``replay_size`` is 0. No message is added.
+        """
+        c = self.cfg
+        if self.bank is not None:
+            self.bank.add(x, target)
+        out, xs, ts, first_loss = first, x, target, None
+        for j in range(c.student_steps):
+            if j:
+                if self.bank is not None:
+                    xs, ts = self.bank.draw(len(x))
+                out = self.S(xs)
+            loss = mimic_loss(out, ts, c.mimic_tau).mean()
+            self.opt_s.zero_grad(set_to_none=True)
+            loss.backward()
+            self.opt_s.step()
+            first_loss = loss.detach() if first_loss is None else first_loss
+        return first_loss
 
     def generator_gradients(self, window: Window, requests: Requests, vjps: Mapping[str, torch.Tensor]) -> list[list[torch.Tensor]]:
         """dL_G/dtheta_G for each of the window's M steps, from the server's own term and the sites' vectors

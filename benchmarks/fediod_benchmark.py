@@ -193,7 +193,7 @@ def table_seg(args, device) -> dict:
     return {"rows": res, "markdown": "\n".join(md)}
 
 
-ABLATIONS = {  # Table 6: L_gan weighting, the L_mimic ensemble, L_conf, L_unique; and our BN prior (not in the paper)
+ABLATIONS = {  # Table 6: L_gan weighting, the L_mimic ensemble, L_conf, L_unique; our BN prior and replay (not in the paper)
     "L_gan avg, no L_conf/L_unique, ensemble *": {"gan_weighting": "uniform", "ensemble": "labels", "lambda_conf": 0, "lambda_unique": 0},
     "L_gan Eq.2, no L_conf/L_unique, ensemble *": {"ensemble": "labels", "lambda_conf": 0, "lambda_unique": 0},
     "L_gan Eq.2, Eq.8, no L_conf/L_unique": {"lambda_conf": 0, "lambda_unique": 0},
@@ -201,17 +201,25 @@ ABLATIONS = {  # Table 6: L_gan weighting, the L_mimic ensemble, L_conf, L_uniqu
     "L_gan Eq.2, Eq.8, L_unique": {"lambda_conf": 0},
     "L_gan Eq.2, Eq.8, L_conf, L_unique (FedIOD)": {},
     "FedIOD + the teachers' BN prior (lambda_bn 10)": {"lambda_bn": 10.0},
+    "FedIOD, Algorithm 1's one student step per batch (no replay)": {"student_steps": 1, "replay_size": 0},
 }
+
+
+def _replay_cell(overrides) -> str:
+    if "student_steps" not in overrides:
+        return "preset"
+    return f"{overrides['student_steps']} ({overrides.get('replay_size', 0)})"
 
 
 def table_ablation(args, device) -> dict:
     fed = Federation(args.cls_preset, {"data": {"beta": args.beta, "num_sites": args.sites}}, sites_of(args.sites), device)
     rows = {name: fed.distill(args.rounds, fediod=ov, label=name)["test"]["accuracy"] for name, ov in ABLATIONS.items()}
-    md = ["| L_gan weighting | L_mimic ensemble | L_conf | L_unique | lambda_bn | Acc. (%) |", "|---|---|---|---|---|---|"]
+    md = ["| L_gan weighting | L_mimic ensemble | L_conf | L_unique | lambda_bn | student steps (replay) | Acc. (%) |",
+          "|---|---|---|---|---|---|---|"]
     for name, ov in ABLATIONS.items():
         md.append(f"| {'Avg' if ov.get('gan_weighting') == 'uniform' else 'Eq.2'} | {'*' if ov.get('ensemble') == 'labels' else 'Eq.8'} | "
                   f"{'x' if ov.get('lambda_conf') == 0 else 'yes'} | {'x' if ov.get('lambda_unique') == 0 else 'yes'} | "
-                  f"{ov.get('lambda_bn', 'preset')} | {fmt(rows[name])} |")
+                  f"{ov.get('lambda_bn', 'preset')} | {_replay_cell(ov)} | {fmt(rows[name])} |")
     return {"rows": rows, "markdown": "\n".join(md)}
 
 

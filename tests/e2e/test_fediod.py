@@ -16,7 +16,7 @@ from medflare.common.results import load_result
 from medflare.fediod.build import label_counts, server_networks, site_distiller
 from medflare.fediod.config import FedIODConfig
 from medflare.fediod.persistor import BEST_STUDENT_FILE, STUDENT_FILE
-from medflare.fediod.server import Distiller, LocalFederation, SiteInfo
+from medflare.fediod.server import Distiller, LocalFederation, SiteInfo, steps_total
 from medflare.fediod.teacher import load_teacher
 from medflare.data import load_site
 from medflare.presets import get_preset
@@ -29,6 +29,7 @@ CLIENTS = ["site-1", "site-2", "site-3"]
 PRESET = "fediod_cls_tiny"
 RECORDER = {"id": "kinds", "path": "medflare.testing.widgets.PayloadRecorder", "args": {}}
 SECOND_TEACHER = {"name": "resnet8", "args": {"widths": [8, 16, 32]}}
+CLS_ROUNDS = 5  # 400 distillation steps of the tiny preset
 
 
 def _privacy_json(repo):
@@ -61,30 +62,27 @@ def cls_run(repo, tmp_path_factory, teachers_dir):
     tmp = tmp_path_factory.mktemp("fediod_cls")
     site_config = {"fediod": {"checkpoint_dir": str(teachers_dir)},
                    "per_site": {"site-2": {"fediod": {"teacher": SECOND_TEACHER}}}}
-    return tmp, _run(repo, tmp, "cls", site_config=site_config, gradient_trace=True)
+    return tmp, _run(repo, tmp, "cls", rounds=CLS_ROUNDS, site_config=site_config, gradient_trace=True)
 
 
-def test_two_teacher_architectures_and_a_scored_student(cls_run, teachers_dir):
-    """Stage 1 with two architectures, stage 2 saves a student that `medflare evaluate` scores on the union test set.
-
-    Not asserted here: that the student beats the teachers. At this preset's 120 distillation steps it stays near
-    chance (measured, benchmarks/RESULTS_fediod.md: 0.070 in this job, 0.063 with the reference's balance weight 10,
-    0.078 with the teachers' BN prior the preset now uses, which lifts it to 0.23-0.25 only after 1200 steps): G's
-    samples cover a few classes and are far from real images, while the same student distilled on real images passes
-    every teacher.
-    The learning check at CI scale is the segmentation job's (below). The accuracies are printed (``pytest -s``) so
-    that a run records them.
-    """
+def test_student_beats_every_teacher_with_two_architectures(cls_run, teachers_dir):
+    """Stage 1 with two architectures; stage 2's student, scored by `medflare evaluate` on the union of the sites'
+    test sets, is above chance and above every site's own teacher (the paper's claim: it learns what no site's
+    teacher knows alone). Accuracies are printed (``pytest -s``) so that a run records them."""
     tmp, run = cls_run
     teachers = sorted(teachers_dir.glob("*.pt"))
     assert len(teachers) == 3, teachers
     # two architectures together: site-2 chose ResNet-8 in its own local config, the others the preset's ConvNet
     archs = {p.name.split("_")[0]: load_result(p).description["model"]["name"] for p in teachers}
     assert archs == {"site-1": "convnet", "site-2": "resnet8", "site-3": "convnet"}, archs
-    teacher_acc = {p.name: _union_accuracy(p, tmp / f"{p.stem}.json") for p in teachers}
-    assert max(teacher_acc.values()) > 0.2, teacher_acc  # the teachers learned their sites' data (chance 0.1)
-    student_acc = _union_accuracy(run.app_server / STUDENT_FILE, tmp / "student.json")  # `medflare evaluate` scores it
-    print(f"fediod_cls_tiny union test accuracy: student {student_acc:.3f}, teachers {teacher_acc}")
+    teacher_acc = {p.name.split("_")[0]: _union_accuracy(p, tmp / f"{p.stem}.json") for p in teachers}
+    student_acc = _union_accuracy(run.app_server / STUDENT_FILE, tmp / "student.json")
+    print(f"fediod_cls_tiny union test accuracy after {CLS_ROUNDS} rounds: student {student_acc:.3f}, teachers {teacher_acc}")
+    assert max(teacher_acc.values()) > 0.25, teacher_acc  # the teachers learned their sites' data (chance 0.1)
+    assert student_acc > 0.3, student_acc  # clearly above chance
+    assert student_acc > max(teacher_acc.values()), (student_acc, teacher_acc)
+    val = dict(run.scalars()["simulator_server"]["student/val_accuracy"])
+    assert val[max(val)] > val[min(val)], f"the student did not learn: validation accuracy per round {val}"
     # stage 2 ran: the saved student and generator both moved away from the persistor's initial networks (same seed)
     initial, saved = server_networks(get_preset(PRESET), seed=0), load_result(run.app_server / STUDENT_FILE)
     for part in ("student", "generator"):
@@ -92,7 +90,7 @@ def test_two_teacher_architectures_and_a_scored_student(cls_run, teachers_dir):
         moved = [k for k, v in before.items() if v.is_floating_point() and not torch.allclose(v, after[k].float())]
         assert moved, f"the saved {part} equals its initial weights"
     result = load_result(run.app_server / STUDENT_FILE)
-    assert result.kind == "fediod_student" and result.info["round"] == 3 and sorted(result.info["sites"]) == CLIENTS
+    assert result.kind == "fediod_student" and result.info["round"] == CLS_ROUNDS and sorted(result.info["sites"]) == CLIENTS
     assert (run.app_server / BEST_STUDENT_FILE).is_file()
 
 
@@ -128,7 +126,7 @@ def test_federated_gradient_equals_single_process(cls_run, teachers_dir):
         teacher = load_teacher(path, load_result(path).description["model"], data.num_classes)
         sites[site] = site_distiller(cfg, site, teacher, data.train, None, seed=0)
     nets = server_networks(cfg, seed=0)
-    dist = Distiller(nets.generator, nets.student, fcfg, "classification", 10, total_steps=3 * 40, seed=0)
+    dist = Distiller(nets.generator, nets.student, fcfg, "classification", 10, total_steps=steps_total(CLS_ROUNDS, fcfg), seed=0)
     train = {s: load_site(s, cfg["data"]).train for s in sites}  # the sites' stage-1 statistics, recomputed
     dist.set_sites({s: SiteInfo(label_counts(train[s], "classification", 10), len(train[s])) for s in sites})
     seen = {}

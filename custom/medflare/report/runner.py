@@ -138,6 +138,7 @@ def run_job(name: str, work: Path, sites: list[str], *, preset: str, overrides: 
     job = export_job(name, work / "job", preset=preset, overrides=overrides, workflow_args=workflow_args or {}, seed=seed)
     ws = work / "ws"
     ledger = server_dir(ws) / "app_server" / LEDGER
+    ledger.unlink(missing_ok=True)  # a rerun's progress must not be read from the last run's ledger
     with PeakMemory(str(ws)) as memory, RoundProgress(ledger, on_round or (lambda r: None)):
         run = run_simulator(job, ws, len(sites), clients=sites, timeout=timeout, env=dict(env or {}))
     if run.returncode != 0 or "EXECUTION_EXCEPTION" in run.log:

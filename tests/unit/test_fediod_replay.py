@@ -17,6 +17,10 @@ def test_bank_keeps_the_newest_pairs_up_to_its_capacity():
     xs, ts = bank.draw(50)
     assert xs.shape == (50, 1) and torch.equal(ts, -xs)  # a draw keeps each input with its own target
     assert set(xs.reshape(-1).tolist()) <= {4.0, 5.0, 6.0, 7.0, 8.0}
+    assert bank.x.reshape(-1).tolist() == [4.0, 5.0, 6.0, 7.0, 8.0]  # oldest first across the ring's wrap
+    small = ReplayBank(2)
+    small.add(torch.arange(3.0).reshape(3, 1), torch.arange(3.0).reshape(3, 1))  # a batch larger than the bank
+    assert small.x.reshape(-1).tolist() == [1.0, 2.0] and torch.equal(small.target, small.x)
 
 
 def test_bank_draws_are_reproducible_and_checked():

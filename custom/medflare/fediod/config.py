@@ -72,8 +72,10 @@ class FedIODConfig:
         if unknown:
             raise ConfigError(f"unknown key(s) {unknown} in preset section 'fediod' (known: {sorted(known)})")
         c = cls(**section)
-        if not isinstance(c.image_size, int) or c.image_size < 0:
-            raise ConfigError(f"preset 'fediod.image_size' must be an int >= 0, got {c.image_size!r}")
+        for key in ("image_size", "replay_size"):
+            v = getattr(c, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"preset 'fediod.{key}' must be an int >= 0, got {v!r}")
         for key in ("batch_size", "steps_per_window", "windows_per_round", "student_steps"):
             v = getattr(c, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -81,8 +83,6 @@ class FedIODConfig:
         for key in ("tau", "lr_generator", "lr_student", "lr_discriminator"):
             if not isinstance(getattr(c, key), (int, float)) or getattr(c, key) <= 0:
                 raise ConfigError(f"preset 'fediod.{key}' must be a number > 0, got {getattr(c, key)!r}")
-        if not isinstance(c.replay_size, int) or isinstance(c.replay_size, bool) or c.replay_size < 0:
-            raise ConfigError(f"preset 'fediod.replay_size' must be an int >= 0, got {c.replay_size!r}")
         for key in ("lambda_conf", "lambda_unique", "lambda_mimic", "lambda_gan", "lambda_balance", "lambda_bn", "mimic_tau"):
             if not isinstance(getattr(c, key), (int, float)) or getattr(c, key) < 0:
                 raise ConfigError(f"preset 'fediod.{key}' must be a number >= 0, got {getattr(c, key)!r}")

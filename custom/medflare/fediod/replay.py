@@ -25,6 +25,9 @@ import torch
 class ReplayBank:
     """The newest ``capacity`` (input, target) pairs, and random batches of them.
 
+    A ring buffer allocated at the first :meth:`add` (the server adds a batch every step, so the bank is not
+    copied as it grows); :attr:`x` / :attr:`target` and the draws see the entries oldest first.
+
     Args:
         capacity: inputs kept (oldest dropped first); >= 1.
         seed: seed of the draws.
@@ -35,27 +38,49 @@ class ReplayBank:
             raise ValueError(f"replay bank capacity must be >= 1, got {capacity}")
         self.capacity = int(capacity)
         self.rng = torch.Generator().manual_seed(int(seed))
-        self.x: torch.Tensor | None = None
-        self.target: torch.Tensor | None = None
+        self._x: torch.Tensor | None = None
+        self._target: torch.Tensor | None = None
+        self._size = 0  # entries held
+        self._next = 0  # slot the next entry goes to (the oldest one once the bank is full)
 
     def __len__(self) -> int:
-        return 0 if self.x is None else len(self.x)
+        return self._size
+
+    def _order(self) -> torch.Tensor:
+        """Slots of the entries, oldest first."""
+        start = self._next if self._size == self.capacity else 0
+        return (start + torch.arange(self._size)) % self.capacity
+
+    @property
+    def x(self) -> torch.Tensor | None:
+        """The inputs held, oldest first (None while empty)."""
+        return None if self._x is None else self._x[self._order().to(self._x.device)]
+
+    @property
+    def target(self) -> torch.Tensor | None:
+        """The targets of :attr:`x`, in the same order."""
+        return None if self._target is None else self._target[self._order().to(self._target.device)]
 
     def add(self, x: torch.Tensor, target: torch.Tensor) -> None:
         """Keep a batch (detached); the oldest entries beyond ``capacity`` are dropped."""
         if len(x) != len(target):
             raise ValueError(f"inputs ({len(x)}) and targets ({len(target)}) must pair up")
-        x, target = x.detach(), target.detach()
-        if self.x is not None:  # in the order they came, oldest first
-            x, target = torch.cat([self.x, x]), torch.cat([self.target, target])
-        self.x, self.target = x[-self.capacity:], target[-self.capacity:]
+        x, target = x.detach()[-self.capacity:], target.detach()[-self.capacity:]
+        if self._x is None:
+            self._x = x.new_empty((self.capacity, *x.shape[1:]))
+            self._target = target.new_empty((self.capacity, *target.shape[1:]))
+        slots = (self._next + torch.arange(len(x))) % self.capacity
+        self._x[slots.to(x.device)], self._target[slots.to(target.device)] = x, target
+        self._next = int(slots[-1] + 1) % self.capacity
+        self._size = min(self._size + len(x), self.capacity)
 
     def draw(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``n`` pairs drawn uniformly with replacement."""
-        if self.x is None:
+        if self._size == 0:
             raise ValueError("the replay bank is empty")
-        idx = torch.randint(len(self.x), (int(n),), generator=self.rng).to(self.x.device)
-        return self.x[idx], self.target[idx]
+        idx = torch.randint(self._size, (int(n),), generator=self.rng)
+        slots = self._order()[idx].to(self._x.device)
+        return self._x[slots], self._target[slots]
 
 
 __all__ = ["ReplayBank"]

@@ -247,21 +247,21 @@ class Distiller:
         each further step trains S on a batch drawn from the replay bank (:mod:`medflare.fediod.replay`), which
         this batch has joined, or on this batch again when ``replay_size`` is 0. No message is added.
         """
-        c = self.cfg
         if self.bank is not None:
             self.bank.add(x, target)
-        out, xs, ts, first_loss = first, x, target, None
-        for j in range(c.student_steps):
-            if j:
-                if self.bank is not None:
-                    xs, ts = self.bank.draw(len(x))
-                out = self.S(xs)
-            loss = mimic_loss(out, ts, c.mimic_tau).mean()
-            self.opt_s.zero_grad(set_to_none=True)
-            loss.backward()
-            self.opt_s.step()
-            first_loss = loss.detach() if first_loss is None else first_loss
-        return first_loss
+        loss = self._student_step(first, target)
+        for _ in range(self.cfg.student_steps - 1):
+            xs, ts = self.bank.draw(len(x)) if self.bank is not None else (x, target)
+            self._student_step(self.S(xs), ts)
+        return loss
+
+    def _student_step(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """One Adam step of S on L_mimic(S(x) = ``out``, ``target``) (Eq. 10, the ensemble fixed); the loss."""
+        loss = mimic_loss(out, target, self.cfg.mimic_tau).mean()
+        self.opt_s.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt_s.step()
+        return loss.detach()
 
     def generator_gradients(self, window: Window, requests: Requests, vjps: Mapping[str, torch.Tensor]) -> list[list[torch.Tensor]]:
         """dL_G/dtheta_G for each of the window's M steps, from the server's own term and the sites' vectors

@@ -124,15 +124,41 @@ def _merge(base: dict, overrides: Mapping, where: str) -> dict:
     return base
 
 
+#: the numeric settings of the ``train`` / ``eval`` sections every job reads, by the smallest value that makes sense
+#: (``None``: a number > 0). Checked by :func:`get_preset`, so a bad value stops a job at start with the key named
+#: instead of training nothing (``lr`` 0, rc 0) or failing later inside torch (``lr`` -0.01, ``batch_size`` 0).
+SETTING_LOWER_BOUNDS: dict[str, int | None] = {
+    "train.epochs": 1, "train.batch_size": 1, "train.lr": None, "train.max_steps": 0, "train.num_workers": 0,
+    "train.gpu_batch_size": 0, "eval.batch_size": 0, "eval.costly_every": 0,
+}
+
+
+def check_settings(cfg: Mapping[str, Any], owner: str) -> None:
+    """The :data:`SETTING_LOWER_BOUNDS` keys that ``cfg`` (a merged preset) has, each in range; ConfigError names the key."""
+    from medflare.common.checks import check_int, check_positive_number
+
+    for key, low in SETTING_LOWER_BOUNDS.items():
+        section, name = key.split(".")
+        if name not in (cfg.get(section) or {}):
+            continue
+        value = cfg[section][name]
+        if low is None:
+            check_positive_number(owner, key, value)
+        else:
+            check_int(owner, key, value, low)
+
+
 def get_preset(name: str, overrides: Mapping | None = None) -> dict[str, Any]:
     """Return a deep copy of preset ``name`` with ``overrides`` merged in (nested dicts merge key by key).
 
-    Raises MedflareError naming the preset or the key when either is unknown; ``model.args`` is replaced
-    as a whole because its keys depend on the network.
+    Raises MedflareError naming the preset or the key when either is unknown, or when a training setting is out of
+    range (:func:`check_settings`); ``model.args`` is replaced as a whole because its keys depend on the network.
     """
     if name not in PRESETS:
         raise ConfigError(f"unknown preset '{name}' (known: {sorted(PRESETS)})")
-    return _merge(_with_defaults(PRESETS[name]), overrides or {}, "")
+    cfg = _merge(_with_defaults(PRESETS[name]), overrides or {}, "")
+    check_settings(cfg, f"preset '{name}'")
+    return cfg
 
 
 def _with_defaults(preset: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from medflare import MedflareError
+from medflare import ConfigError, MedflareError
 from medflare.common.report import markdown_table, site_table
 from medflare.common.training import make_loader, make_loss, make_optimizer, train_epochs
 from medflare.presets import PRESETS, get_preset
@@ -75,3 +75,28 @@ def test_site_table_client_average_vs_global():
     assert t["global"]["dice"] == pytest.approx(0.625)  # cases weigh equally
     md = markdown_table({"fedavg": t})
     assert "| fedavg | 100.00 | 50.00 | 75.00 | 62.50 |" in md
+
+
+# ---- issue 28: a setting that trains nothing, or fails later inside torch, is refused at start ---------------
+@pytest.mark.parametrize("section,key,value", [
+    ("train", "lr", 0), ("train", "lr", -0.01), ("train", "lr", float("nan")), ("train", "batch_size", 0),
+    ("train", "epochs", 0), ("train", "max_steps", -1), ("train", "num_workers", -2), ("eval", "batch_size", -1),
+])
+def test_a_setting_out_of_range_is_a_config_error_naming_the_key(section, key, value):
+    """``lr`` 0 trained nothing and ended rc 0; ``lr`` -0.01 and ``batch_size`` 0 reached torch's raw ValueError."""
+    with pytest.raises(ConfigError, match=rf"preset 'seg_synthetic_tiny': '{section}\.{key}' must be"):
+        get_preset("seg_synthetic_tiny", {section: {key: value}})
+
+
+def test_every_shipped_preset_passes_its_own_checks():
+    for name in PRESETS:
+        get_preset(name)
+
+
+@pytest.mark.parametrize("workflow", ["ResilientFedAvg", "ResilientScaffold"])
+def test_zero_rounds_is_a_config_error_of_the_baseline_workflows(workflow):
+    """``num_rounds`` 0 ended rc 0 with "Finished FedAvg" and no model file (medflare's own workflows already refused it)."""
+    from medflare.baselines import workflows
+
+    with pytest.raises(ConfigError, match=rf"{workflow}: 'num_rounds' must be a positive int, got 0"):
+        getattr(workflows, workflow)(num_rounds=0)

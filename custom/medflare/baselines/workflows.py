@@ -28,6 +28,7 @@ class _Resilient:
         kwargs["ignore_result_error"] = True
         super().__init__(*args, **kwargs)
         check_int(type(self).__name__, "min_responses", min_responses, 1)
+        check_int(type(self).__name__, "num_rounds", self.num_rounds, 1)  # FLARE's FedAvg ran 0 rounds and ended rc 0 with no model
         keep_args(self, min_responses=min_responses)
 
     def check_answers(self, answered: int, asked: int) -> None:

@@ -16,6 +16,13 @@ def check_int(owner: str, key: str, value: object, low: int = 1) -> int:
     return value
 
 
+def check_positive_number(owner: str, key: str, value: object) -> float:
+    """``value`` as a finite float > 0 (a learning rate, a scale); ConfigError naming ``owner`` and ``key`` otherwise."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < float("inf"):
+        raise ConfigError(f"{owner}: '{key}' must be a positive number, got {value!r}")
+    return float(value)
+
+
 def check_positive_int(owner: str, key: str, value: object) -> int:
     """``value`` as an int >= 1 (bools refused)."""
     return check_int(owner, key, value, 1)

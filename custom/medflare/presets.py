@@ -30,6 +30,7 @@ import copy
 from typing import Any, Mapping
 
 from medflare import ConfigError, MedflareError
+from medflare.data.limits import LIMIT_DEFAULTS
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Laptop default: 64x64 synthetic fundus-like sites, 2 foreground classes (disc rim, cup).
@@ -95,7 +96,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     # Segmentation on a site's own Decathlon datalist (MEDFLARE_DATA/<site>.json).
     "seg_datalist": {
-        "data": {"kind": "datalist", "num_classes": 3},
+        "data": {"kind": "datalist", "num_classes": 3, **LIMIT_DEFAULTS},
         "model": {
             "name": "unet",
             "args": {"in_channels": 1, "out_channels": 3, "channels": [16, 32, 64, 128], "strides": [2, 2, 2]},
@@ -205,6 +206,7 @@ _VOLUME_DATA = {
     "val_fraction": 0.2,
     "test_fraction": 0.2,
     "seed": 0,
+    **LIMIT_DEFAULTS,  # the largest image a site reads, from its header (medflare.data.limits)
 }
 _VOLUME_EVAL = {"metrics": ["dice", "hd95", "surface_dice_2mm"], "key_metric": "dice"}
 # 2D models on slices drawn from the volumes (FedSM's prostate MRI, FedIOD's BraTS).
@@ -241,7 +243,7 @@ PRESETS["seg_images_2d"] = {
         "image_size": [256, 256], "fit": "resize",
         "augment": {"flip": 0.5, "rotate": 15.0, "intensity": 0.1, "contrast": 0.2, "prob": 0.3},
         "cache": {"mode": "memory", "rate": 1.0, "dir": None},
-        "val_fraction": 0.2, "test_fraction": 0.2, "seed": 0,
+        "val_fraction": 0.2, "test_fraction": 0.2, "seed": 0, **LIMIT_DEFAULTS,
     },
     "model": {
         "name": "unet",

@@ -30,15 +30,8 @@ def load_numpy_state(model: torch.nn.Module, params: Mapping[str, np.ndarray], w
     different presets or model arguments).
     """
     own = model.state_dict()
-    missing = sorted(set(own) - set(params))
-    extra = sorted(set(params) - set(own))
-    wrong = sorted(k for k in set(own) & set(params) if tuple(np.shape(params[k])) != tuple(own[k].shape))
-    if missing or extra or wrong:
-        detail = "; ".join(
-            f"{name}: {keys[:5]}{' ...' if len(keys) > 5 else ''}"
-            for name, keys in (("missing keys", missing), ("unexpected keys", extra), ("shape mismatch", wrong))
-            if keys
-        )
+    detail = state_mismatch(model, params)
+    if detail:
         raise PayloadError(
             f"the model received from {who} does not match the local model ({detail}); "
             "the server's persistor and the clients' executor must use the same preset and model args"
@@ -46,6 +39,19 @@ def load_numpy_state(model: torch.nn.Module, params: Mapping[str, np.ndarray], w
     model.load_state_dict(
         {k: torch.as_tensor(np.asarray(params[k])).to(own[k].dtype) for k in own}, strict=True
     )
+
+
+def state_mismatch(model: torch.nn.Module, params: Mapping[str, Any]) -> str:
+    """What differs between ``model``'s state dict and ``params`` (missing, unexpected, mis-shaped keys); "" if nothing.
+
+    Reads shapes only, so it also checks a model built on the meta device before any weight is allocated.
+    """
+    own = model.state_dict()
+    missing = sorted(set(own) - set(params))
+    extra = sorted(set(params) - set(own))
+    wrong = sorted(k for k in set(own) & set(params) if tuple(np.shape(params[k])) != tuple(own[k].shape))
+    return "; ".join(f"{name}: {keys[:5]}{' ...' if len(keys) > 5 else ''}"
+                     for name, keys in (("missing keys", missing), ("unexpected keys", extra), ("shape mismatch", wrong)) if keys)
 
 
 def weight_diff(after: Mapping[str, np.ndarray], before: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
 import pickle
 import pkgutil
@@ -240,13 +241,36 @@ def load_result(path: str | os.PathLike, preset: str | None = None) -> Result:
 
 # ---- the generic kind: one network --------------------------------------------------------------
 def network_from(spec: Mapping[str, Any], state: Mapping[str, Any], what: str, build: Callable[[Mapping[str, Any]], torch.nn.Module] | None = None) -> torch.nn.Module:
-    """Build ``spec`` (``{"name", "args"}``) and load ``state`` into it; PayloadError names ``what`` on a mismatch."""
-    from medflare.common.payload import load_numpy_state
+    """Build ``spec`` (``{"name", "args"}``) and load ``state`` into it; ResultFileError names ``what`` when they disagree.
+
+    Nothing is allocated before the file is known to be usable: NaN/Inf weights are refused (they evaluated to
+    Dice 0.00 with no warning), and ``spec`` is first built on torch's meta device (shapes only, no memory) and
+    matched against the stored weights, so stored settings that ask for a network the file does not hold
+    (``channels [65536]x3`` asked for 154 GB) are refused instead of allocated. A file's weights are as large
+    as the file itself, which bounds what a matching spec can allocate.
+    """
+    from medflare.common.payload import load_numpy_state, nonfinite_paths, state_mismatch
     from medflare.nets import build_from_spec
 
-    net = (build or build_from_spec)(spec)
+    build = build or build_from_spec
+    bad = nonfinite_paths(dict(state))
+    if bad:
+        raise ResultFileError(f"{what}: {len(bad)} weight tensor(s) hold NaN or Inf values ({', '.join(bad[:3])}"
+                              f"{' ...' if len(bad) > 3 else ''}); refusing to use them")
+    with torch.device("meta"):
+        detail = state_mismatch(build(spec), state)
+    if detail:
+        raise ResultFileError(f"{what}: its stored model settings {_brief(spec)} do not describe its stored weights ({detail}); "
+                              "nothing was built")
+    net = build(spec)
     load_numpy_state(net, state, who=what)
     return net.eval()
+
+
+def _brief(spec: Mapping[str, Any]) -> str:
+    """A model spec as one short line for an error message (a hostile file's settings may be long)."""
+    text = json.dumps(spec, default=str, separators=(",", ":"))
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 class ModelResult(Result):

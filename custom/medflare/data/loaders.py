@@ -11,8 +11,10 @@ those keys, images are taken as stored and min-max scaled per image. Volumes: :m
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
+import logging
 import os
 import pathlib
 from typing import Any, Iterator, Mapping, Sequence
@@ -25,7 +27,8 @@ from torch.utils.data import Dataset as TorchDataset
 
 from medflare import ConfigError, DataError, MedflareError
 from medflare.data.datalists import SEG_SPLITS, read_datalist, split_keys
-from medflare.data.transforms import Augment, ToItem, augmentation, check_image_size, first_line, preprocess
+from medflare.data.limits import LIMIT_DEFAULTS
+from medflare.data.transforms import Augment, CheckSize, ToItem, augmentation, check_image_size, first_line, preprocess
 from medflare.data.util import cache_root
 
 NPZ_SPLITS = ("train", "val", "test")
@@ -40,6 +43,7 @@ __all__ = ["NPZ_SPLITS", "SEG_SPLITS", "cached_dataset", "load_npz_split", "load
 CACHE_DEFAULT: dict[str, Any] = {"mode": "memory", "rate": 1.0, "dir": None}
 CACHE_MODES = ("memory", "disk", "none")
 _CACHE_VERSION = 1  # bump when preprocessing code changes what a cached item holds
+_log = logging.getLogger(__name__)
 
 
 def cache_setting(data_cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -84,11 +88,41 @@ class _SegCacheDataset(CacheDataset):
 
 
 class _SegPersistentDataset(PersistentDataset):
-    """PersistentDataset (preprocessed items on disk) that surfaces MedflareError unwrapped."""
+    """PersistentDataset (preprocessed items on disk) that surfaces MedflareError unwrapped and heals corrupt entries.
+
+    MONAI recomputes a cache entry only for two kinds of corruption; a truncated file ("failed finding central
+    directory") made every site fail at start, on every rerun, naming no file. Here an entry that exists but
+    does not load is logged with its path, deleted and recomputed (or, where the cache cannot be written,
+    recomputed without caching).
+    """
 
     def _transform(self, index: int):
         with _medflare_errors():
             return super()._transform(index)
+
+    def _entry(self, item: Any) -> pathlib.Path:
+        """The cache file of ``item``, named as MONAI names it (hash of the item + hash of the transforms)."""
+        return pathlib.Path(self.cache_dir) / f"{self.hash_func(item).decode('utf-8')}{self.transform_hash}.pt"
+
+    def _cachecheck(self, item_transformed):  # noqa: D401 - MONAI hook
+        try:
+            with _medflare_errors():
+                return super()._cachecheck(item_transformed)
+        except MedflareError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an existing entry is what failed: MONAI computes only missing ones
+            entry = self._entry(item_transformed)
+            if not entry.is_file():
+                raise
+            _log.warning("disk cache entry '%s' cannot be loaded (%s); deleting and recomputing it", entry, first_line(exc))
+            try:
+                entry.unlink()
+            except OSError as err:
+                _log.warning("cannot delete disk cache entry '%s' (%s); using the item without caching it", entry, err)
+                with _medflare_errors():
+                    return self._pre_transform(copy.deepcopy(item_transformed))
+        with _medflare_errors():
+            return super()._cachecheck(item_transformed)
 
 
 class _SegDataset(Dataset):
@@ -106,8 +140,8 @@ def _file_stamp(value: Any) -> str:
 
 
 def settings_tag(data_cfg: Mapping[str, Any], num_classes: int) -> str:
-    """A short hash of every setting that changes a preprocessed item (not augmentation, not the cache itself)."""
-    kept = {k: v for k, v in data_cfg.items() if k not in ("cache", "augment")}
+    """A short hash of every setting that changes a preprocessed item (not augmentation, the cache or size limits)."""
+    kept = {k: v for k, v in data_cfg.items() if k not in ("cache", "augment", *LIMIT_DEFAULTS)}
     text = json.dumps({"cfg": kept, "num_classes": num_classes, "v": _CACHE_VERSION}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -130,13 +164,18 @@ def cached_dataset(entries: Sequence[Mapping[str, Any]], transform: Compose, cac
 
 def seg_image_dataset(entries: Sequence[Mapping[str, Any]], data_cfg: Mapping[str, Any], *, num_classes: int,
                       cache: Mapping[str, Any] | None = None, train: bool = False, seed: int = 0,
-                      check: bool = True) -> TorchDataset:
+                      check: bool = True, size_check: CheckSize | None = None) -> TorchDataset:
     """2D segmentation items of datalist ``entries``, preprocessed (and, with ``train``, augmented) per the preset.
 
     Items: ``{"image": float32 (C, H, W), "label": int64 (1, H, W) in [0, num_classes), "name"}``. With
     ``check`` every item not already loaded by the cache is read once now, so a bad file fails before training.
+    Without ``data.image_size`` images are used as stored and must share one size: ``size_check`` (one per site,
+    shared by its splits; default one for these entries) names an image of another size.
     """
-    chain = preprocess(data_cfg, spatial_dims=2, num_classes=num_classes, size=check_image_size(data_cfg), kind="datalist")
+    size = check_image_size(data_cfg)
+    chain = preprocess(data_cfg, spatial_dims=2, num_classes=num_classes, size=size, kind="datalist")
+    if size is None:
+        chain.append(size_check or CheckSize())
     chain.append(ToItem())
     if train:
         chain.append(Augment(augmentation(data_cfg, 2), seed=seed))

@@ -41,8 +41,10 @@ from medflare.data.datalists import read_datalist, site_splits
 from medflare.data.loaders import (
     NPZ_SPLITS, SEG_SPLITS, cache_setting, load_npz_split, seg_image_dataset, settings_tag,
 )
+from medflare.data.limits import Limits
 from medflare.data.synthetic_cls import make_cls_sites
 from medflare.data.synthetic_seg import make_seg_site
+from medflare.data.transforms import CheckSize
 from medflare.data.util import DATA_ENV, cache_root, ensure_generated, param_tag, stable_seed
 from medflare.data.volumes import WholeVolumes, volume_datasets
 
@@ -182,6 +184,8 @@ def _from_local_config(config: pathlib.Path, site: str, task: str) -> pathlib.Pa
 def _synthetic_source(site: str, data_cfg: Mapping) -> pathlib.Path:
     """Generate (once, atomically) and return the embedded default data of ``site``."""
     kind = data_cfg["kind"]
+    side = int(data_cfg.get("image_size", 64 if kind == "synthetic_seg" else 28))
+    Limits.from_config(data_cfg).check_size([side, side], "data.image_size")  # before generating anything
     if kind == "synthetic_seg":
         params = dict(
             image_size=int(data_cfg.get("image_size", 64)),
@@ -287,8 +291,13 @@ def _segmentation_splits(site: str, source: pathlib.Path, data_cfg: Mapping[str,
         splits, whole, _ = volume_datasets(entries, data_cfg, num_classes=num_classes, site=site, cache=store, tag=tag)
         return splits, whole
     seed = stable_seed("augment", site, int(data_cfg.get("seed", 0)))
+    size_check = CheckSize()  # one size for the whole site (images used as stored)
+    if kind == "synthetic_seg":
+        side = int(data_cfg.get("image_size", 64))
+        size_check = CheckSize([side, side], f"the preset's images are {side} x {side} (config key 'data.image_size'; "
+                                             "data of a synthetic kind are used as stored)")
     return [seg_image_dataset(entries[s], prep, num_classes=num_classes, cache=store, train=s == "training", seed=seed,
-                              check=cache) for s in SEG_SPLITS], None
+                              check=cache, size_check=size_check) for s in SEG_SPLITS], None
 
 
 

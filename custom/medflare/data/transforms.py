@@ -17,7 +17,6 @@ import math
 import os
 from typing import Any, Mapping, Sequence
 
-import nibabel as nib
 import torch
 from monai.data import MetaTensor
 from monai.data.image_reader import NibabelReader, PILReader
@@ -45,6 +44,7 @@ from monai.transforms import (
 )
 
 from medflare import ConfigError, DataError
+from medflare.data.limits import LIMIT_DEFAULTS, Limits, check_stored_size, stored_header
 
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
 PIL_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
@@ -79,6 +79,9 @@ PREPROCESSING_KEYS: dict[str, Any] = {
     "fit": "resize",
     # training-time augmentation (training split only); every probability 0 switches it off
     "augment": {"flip": 0.0, "rotate": 0.0, "intensity": 0.0, "contrast": 0.0, "prob": 0.0},
+    # largest image a site reads, checked from the file's header before decoding (medflare.data.limits):
+    # elements (all channel files together) and decompressed bytes
+    **LIMIT_DEFAULTS,
 }
 
 
@@ -119,17 +122,20 @@ class LoadPair(Transform):
     dimensions (``spatial_dims``: 2 for images, 3 for volumes; a 2D image stored with a trailing
     singleton axis is accepted as 2D), the image's channel count (``channels``, after
     ``channel_indices``), a single-channel label of the image's spatial shape and affine (1e-2 tolerance),
-    real finite values (complex, empty, NaN or inf arrays are refused, never cast). MONAI readers are picked by
-    file type (:func:`reader_for`). Outputs MetaTensors (affine, spacing, applied operations) so that
-    later transforms can be inverted.
+    real finite values (complex, empty, NaN or inf arrays are refused, never cast). Before anything is decoded,
+    each file's header is checked against ``limits`` (:class:`medflare.data.limits.Limits`, the preset's
+    ``data.max_voxels`` / ``data.max_bytes``), so a small file that decompresses to gigabytes is refused by its
+    header. MONAI readers are picked by file type (:func:`reader_for`). Outputs MetaTensors (affine, spacing,
+    applied operations) so that later transforms can be inverted.
     """
 
     def __init__(self, spatial_dims: int, channels: int | None = None, channel_indices: Sequence[int] | None = None,
-                 kind: str = "datalist") -> None:
+                 kind: str = "datalist", limits: Limits | None = None) -> None:
         self.spatial_dims = spatial_dims
         self.channels = channels
         self.channel_indices = list(channel_indices) if channel_indices is not None else None
         self.kind = kind
+        self.limits = limits or Limits.from_config({})
         self._load = LoadImage(image_only=True)
         self._first = EnsureChannelFirst()
 
@@ -141,10 +147,11 @@ class LoadPair(Transform):
                             f"{'/'.join(s.lstrip('.').upper() for s in PIL_SUFFIXES)} file (all channel files of one image "
                             "in one of these formats)")
         try:
-            if isinstance(reader, NibabelReader):  # MONAI would cast a complex volume to float, dropping its imaginary part
-                stored = [nib.load(f).get_data_dtype() for f in _files(value)]
-                if any(d.kind not in "uifb" for d in stored):
-                    raise DataError(f"{what} {describe_files(value)} has dtype {stored[0]}; expected real-valued intensities")
+            headers = [stored_header(f) for f in _files(value)]
+            check_stored_size(headers, f"{what} {describe_files(value)}", self.limits)
+            # MONAI would cast a complex volume to float, dropping its imaginary part
+            if any(dtype.kind not in "uifb" for _, dtype in headers):
+                raise DataError(f"{what} {describe_files(value)} has dtype {headers[0][1]}; expected real-valued intensities")
             img = self._load(_files(value) if isinstance(value, (list, tuple)) else str(value), reader=reader)
             img = self._first(img)
         except DataError:
@@ -233,6 +240,43 @@ class CheckLabels(Transform):
                 " (config key 'data.labels' maps stored values, e.g. 'foreground' or [0, 1, 2, 4])"
             )
         return data
+
+
+class CheckSize(Transform):
+    """Every image of a site must reach the model's input size, or a DataError at load names the file.
+
+    ``size`` (H, W) is the size every item must have: a preset's ``data.image_size`` where the images are used as
+    stored (the synthetic kinds: generated at that size); ``None`` (a datalist preset without ``image_size``)
+    takes the first image checked as the site's size. A site shares one instance over its splits, so a 1x1 image
+    in a 32x32 site is named at load instead of failing every round in the data loader ("stack expects each
+    tensor to be equal size", no file named). ``why`` says where the size comes from.
+    """
+
+    def __init__(self, size: Sequence[int] | None = None, why: str = "") -> None:
+        self.size = tuple(size) if size is not None else None
+        self.why = why
+        self.first: str | None = None
+
+    def __call__(self, data: Mapping[str, Any]) -> Mapping[str, Any]:
+        image = data["image"]
+        shape, source = tuple(int(s) for s in image.shape[1:]), _source(image, data)
+        if self.size is None:
+            self.size, self.first = shape, source
+        if shape != self.size:
+            why = self.why or (f"the site's first image {describe_files(self.first)} is {_side(self.size)} and images are "
+                               "used as stored (config key 'data.image_size' resizes them)")
+            raise DataError(f"image {describe_files(source)} is {_side(shape)}, but {why}")
+        return data
+
+
+def _side(shape: Sequence[int]) -> str:
+    return " x ".join(str(s) for s in shape)
+
+
+def _source(image: Any, data: Mapping[str, Any]) -> Any:
+    """The file(s) an image was read from (its MetaTensor's ``filename_or_obj``), else its item name."""
+    meta = getattr(image, "meta", None) or {}
+    return meta.get("filename_or_obj") or data.get("name", "?")
 
 
 class ToItem(Transform):
@@ -348,14 +392,16 @@ def fit_transforms(data_cfg: Mapping[str, Any], has_label: bool, size: Sequence[
 
 
 def check_image_size(data_cfg: Mapping[str, Any]) -> list[int] | None:
-    """``data.image_size`` as two positive ints, or None."""
+    """``data.image_size`` as two positive ints within ``data.max_voxels`` (every image is resized to it), or None."""
     size = setting(data_cfg, "image_size")
     if size is None:
         return None
-    if isinstance(size, int):
+    if isinstance(size, int) and not isinstance(size, bool):
         size = [size, size]
-    if not isinstance(size, (list, tuple)) or len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
+    if not isinstance(size, (list, tuple)) or len(size) != 2 or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in size):
         raise ConfigError(f"config key 'data.image_size' must be [height, width] (positive ints), got {size!r}")
+    Limits.from_config(data_cfg).check_size(size, "data.image_size")
     return list(size)
 
 
@@ -371,7 +417,7 @@ def preprocess(data_cfg: Mapping[str, Any], *, spatial_dims: int, num_classes: i
     if indices is not None and (not isinstance(indices, (list, tuple)) or not indices or
                                 not all(isinstance(i, int) and i >= 0 for i in indices)):
         raise ConfigError(f"config key 'data.channel_indices' must be a non-empty list of channel numbers, got {indices!r}")
-    chain: list = [Named(), LoadPair(spatial_dims, channels, indices, kind)]
+    chain: list = [Named(), LoadPair(spatial_dims, channels, indices, kind, Limits.from_config(data_cfg))]
     if has_label:
         chain += label_transforms(data_cfg, num_classes)
     if spatial_dims == 3:

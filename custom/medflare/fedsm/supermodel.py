@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from medflare import ConfigError, ResultFileError
-from medflare.common.results import Result, describe, description_of, load_result, save_checkpoint
+from medflare.common.results import Result, describe, description_of, load_result, network_from, save_checkpoint
 from medflare.fedsm import protocol as P
 from medflare.fedsm.routing import SuperModelPredictor
 from medflare.fedsm.selector import build_selector
@@ -128,14 +128,12 @@ def super_model_from_checkpoint(data: Mapping[str, Any], path: Path) -> SuperMod
     if missing:
         raise ResultFileError(f"super model file '{path}' lacks {missing}")
     sites = list(desc["sites"])
-    try:
-        network = super_model_network(desc["model"], sites, desc["selector"])
+    state = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in data["model"].items()}
+    try:  # checked against the stored weights (shapes, NaN/Inf) before anything is allocated
+        network = network_from(desc["model"], state, f"file '{path}'",
+                               build=lambda spec: super_model_network(spec, sites, desc["selector"]))
     except ConfigError as e:
         raise ResultFileError(f"super model file '{path}': {e}") from e
-    from medflare.common.payload import load_numpy_state
-
-    state = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in data["model"].items()}
-    load_numpy_state(network, state, who=f"file '{path}'")
     meta = data.get("meta_props") or {}
     info = {"lambda": desc.get("softpull_lambda"), "gamma": desc.get("gamma", DEFAULT_GAMMA), "round": meta.get("round"),
             "metrics": meta.get("metrics", {})}

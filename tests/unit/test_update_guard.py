@@ -8,13 +8,15 @@ from nvflare.apis.fl_constant import FLContextKey, ReservedKey, ReturnCode
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import make_reply
 from nvflare.app_common.aggregators.weighted_aggregation_helper import WeightedAggregationHelper
-from nvflare.app_common.app_constant import AppConstants
+from nvflare.app_common.app_constant import AlgorithmConstants, AppConstants
 
 from medflare import ConfigError
 from medflare.common.payload import collection
 from medflare.common.result_guard import UPDATE_REFUSED, UpdateGuard, dxo_parts
 from medflare.common.tracking import SERVER_EVENT_TYPE
-from medflare.common.update_guard import NormRule, Part, UpdateScreen, nonfinite_parts, nonfinite_paths, tree_norm
+from medflare.common.site_errors import CAUSE_HEADER
+from medflare.common.update_guard import (NormRule, Part, UpdateScreen, nonfinite_parts, nonfinite_paths, structure_mismatch, tree_norm,
+                                          weight_structure)
 from medflare.testing.poison import PoisonFilter
 
 
@@ -199,3 +201,104 @@ def test_poisoned_site_makes_fedavg_nan_unless_the_guard_refuses_it(guarded):
         np.testing.assert_allclose(mean, (1 * updates["site-1"][0] + 3 * updates["site-2"][0]) / 4)
     else:
         assert np.isnan(mean).all()
+
+
+# ---- structure: keys, shapes and dtypes of what the server sent (issue 28) --------------------------
+MODEL = {"model.conv.weight": np.zeros((8, 1, 3, 3), dtype=np.float32), "model.conv.bias": np.zeros(8, dtype=np.float32),
+         "model.bn.num_batches_tracked": np.array(0, dtype=np.int64)}
+
+
+def sent_of(params):
+    return weight_structure({"": Part("WEIGHTS", params)})
+
+
+@pytest.mark.parametrize("change,named", [
+    (lambda d: d.update({"model.conv.bias": np.zeros(1, dtype=np.float32)}), "key 'model.conv.bias' is (1,) float32, the server sent (8,) float32"),
+    (lambda d: d.update({"model.conv.weight": np.zeros((8, 3, 3), dtype=np.float32)}), "key 'model.conv.weight' is (8, 3, 3)"),
+    (lambda d: d.update({"model.extra": np.zeros(2, dtype=np.float32)}), "1 keys the server did not send: ['model.extra']"),
+    (lambda d: d.pop("model.conv.bias"), "1 keys missing: ['model.conv.bias']"),
+    (lambda d: d.update({"model.conv.bias": np.zeros(8, dtype=np.float16)}), "key 'model.conv.bias' is (8,) float16"),
+    (lambda d: d.update({"model.conv.bias": np.array(["x"] * 8)}), "key 'model.conv.bias' is (8,) <U1"),
+])
+def test_structure_mismatch_names_the_key(change, named):
+    got = {k: v.copy() for k, v in MODEL.items()}
+    change(got)
+    assert structure_mismatch(sent_of(MODEL), got).startswith(named)
+
+
+def test_structure_accepts_the_same_model_tensors_and_a_float_counter():
+    """An int counter may come back float (FLARE's PercentilePrivacy divides every entry by the step count)."""
+    got = {**{k: torch.as_tensor(v) for k, v in MODEL.items()}, "model.bn.num_batches_tracked": np.array(1.0)}
+    assert structure_mismatch(sent_of(MODEL), got) is None
+
+
+def test_structure_of_flattened_multi_model_payloads():
+    """FedSM: the sites send the global and their own model back but not the selector, and the extra rounds' head step
+    by the selector's own key names; a model left half out is refused."""
+    sent = sent_of({"global.w": np.zeros(3, np.float32), "global.b": np.zeros(1, np.float32), "person.w": np.zeros(3, np.float32),
+                    "select.stem.w": np.zeros(2, np.float32), "select.head.weight": np.zeros((3, 4), np.float32),
+                    "select.head.bias": np.zeros(3, np.float32)})
+    assert structure_mismatch(sent, {"global.w": np.ones(3, np.float32), "global.b": np.ones(1, np.float32),
+                                     "person.w": np.ones(3, np.float32)}) is None
+    assert structure_mismatch(sent, {"head.weight": np.ones((3, 4), np.float32), "head.bias": np.ones(3, np.float32)}) is None
+    assert structure_mismatch(sent, {"head.weight": np.ones((3, 4), np.float32)}) == "1 keys missing: ['head.bias']"
+    assert structure_mismatch(sent, {"global.w": np.ones(3, np.float32), "person.w": np.ones(3, np.float32)}) == \
+        "1 keys missing: ['global.b']"
+    assert structure_mismatch(sent, {"head.weight": np.ones((4, 4), np.float32), "head.bias": np.ones(3, np.float32)}).startswith(
+        "key 'head.weight' is (4, 4)")
+
+
+def test_screen_checks_structure_only_when_the_server_sent_weights():
+    screen = UpdateScreen()
+    bad = {"": Part("WEIGHT_DIFF", {**MODEL, "model.extra": np.zeros(1, np.float32)})}
+    assert "does not fit the model the server sent: 1 keys the server did not send" in screen.screen("train", 0, bad, sent_of(MODEL))
+    assert screen.screen("train", 0, bad, {}) is None  # FedST-separate's generator upload: nothing sent to compare with
+
+
+class _Task:
+    def __init__(self, data):
+        self.data = data
+
+
+class _ClientTask:
+    def __init__(self, data):
+        self.task = _Task(data)
+
+
+class _Comm:
+    """FLARE's WFCommServer as the guard reads it: the client task of a task id, holding the data the workflow sent."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def process_task_check(self, task_id, fl_ctx):
+        return _ClientTask(self.data) if task_id == "t1" else None
+
+
+def _with_task(ctx, sent):
+    runner = type("Runner", (), {})()
+    runner.current_wf = type("WF", (), {})()
+    runner.current_wf.controller = type("C", (), {"communicator": _Comm(sent)})()
+    ctx.set_prop(FLContextKey.RUNNER, runner, private=True, sticky=False)
+    ctx.set_prop(FLContextKey.TASK_ID, "t1", private=True, sticky=False)
+    return ctx
+
+
+def test_filter_refuses_a_wrong_structure_against_the_task_sent_and_names_site_and_key(caplog):
+    """FedAvg's sent WEIGHTS and a result with an extra key, a wrong shape, a control diff with a missing key."""
+    guard, engine = UpdateGuard(), Engine()
+    sent = DXO(DataKind.WEIGHTS, data=dict(MODEL)).to_shareable()
+    ok = result(DXO(DataKind.WEIGHT_DIFF, data=dict(MODEL)), 1)
+    assert guard.process(ok, _with_task(context("site-1", engine), sent)) is ok
+    extra = result(DXO(DataKind.WEIGHT_DIFF, data={**MODEL, "bogus": np.zeros(2, np.float32)}), 1)
+    with caplog.at_level("ERROR"):
+        out = guard.process(extra, _with_task(context("site-2", engine), sent))
+    assert out.get_return_code() == UPDATE_REFUSED
+    assert "site 'site-2'" in caplog.text and "['bogus']" in caplog.text
+    assert "the server's update guard refused it" in out.get_header(CAUSE_HEADER) and "bogus" in out.get_header(CAUSE_HEADER)
+    ctrl = {k: v for k, v in MODEL.items() if k != "model.conv.bias"}
+    scaffold = result(DXO(DataKind.WEIGHT_DIFF, data=dict(MODEL), meta={AlgorithmConstants.SCAFFOLD_CTRL_DIFF: ctrl}), 1)
+    out = guard.process(scaffold, _with_task(context("site-3", engine), sent))
+    assert out.get_return_code() == UPDATE_REFUSED and "meta.scaffold_c_diff: 1 keys missing" in out.get_header(CAUSE_HEADER)
+    unknown = result(DXO(DataKind.WEIGHT_DIFF, data={**MODEL, "bogus": np.zeros(2, np.float32)}), 1)
+    assert guard.process(unknown, context("site-1", engine)) is unknown  # no task to compare with: other rules only

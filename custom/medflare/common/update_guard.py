@@ -9,6 +9,12 @@ FLARE result filter) and refuses the ones that fail:
   diff, which FLARE keeps in meta; every part of a COLLECTION) must be finite. Python scalars are left
   alone, and so are METRICS parts: a metric may be NaN or Inf by definition (HD95 of an empty prediction).
   Integer arrays cannot hold NaN and are not looked at.
+- **structure**: every WEIGHTS / WEIGHT_DIFF part must match the weights the server sent with the task (see
+  :func:`structure_mismatch`): no key the server did not send, the same shape and dtype for every key, and no
+  key left out of a model the part updates. One site's wrong shape or extra key used to end the whole job in
+  FLARE's aggregation (a broadcast ValueError / KeyError, FATAL_SYSTEM_ERROR), and a missing key was averaged
+  over the others silently. When the server sent no weights with the task (a site uploading a model of its own,
+  FedST-separate's generators) there is nothing to compare with and the rule does not apply.
 - **norm**: for weight payloads (WEIGHTS / WEIGHT_DIFF parts) the Euclidean norm over the float entries must
   not exceed ``max_norm_ratio`` times the median of the *reference* norms (a scaled or exploding update).
 
@@ -42,6 +48,9 @@ from medflare import ConfigError
 WEIGHT_KINDS = frozenset({"WEIGHTS", "WEIGHT_DIFF"})
 #: DXO data kinds whose values are never screened for finiteness (a metric may legitimately be NaN or Inf)
 METRIC_KINDS = frozenset({"METRICS"})
+
+#: ``{key: (shape, dtype)}`` of the arrays of weight payloads (what the server sent, what a site returns)
+Structure = Mapping[str, tuple[tuple[int, ...], np.dtype]]
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,94 @@ def nonfinite_parts(parts: Mapping[str, Part]) -> list[str]:
     return bad
 
 
+def _dtype(value: Any) -> np.dtype:
+    """numpy's dtype of an array, tensor or scalar (a tensor's torch dtype mapped to numpy's; object if it has none)."""
+    if isinstance(value, torch.Tensor):
+        try:
+            return torch.empty((), dtype=value.dtype).numpy().dtype
+        except TypeError:  # bfloat16 and other dtypes numpy lacks
+            return np.dtype(object)
+    try:
+        return np.asarray(value).dtype
+    except Exception:  # noqa: BLE001 - anything numpy cannot hold is not a weight
+        return np.dtype(object)
+
+
+def weight_structure(parts: Mapping[str, Part]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """``{key: (shape, dtype)}`` of the entries of every WEIGHTS / WEIGHT_DIFF part (their union, by flat key)."""
+    out = {}
+    for part in parts.values():
+        if part.kind in WEIGHT_KINDS and isinstance(part.data, Mapping):
+            out.update({str(k): (tuple(np.shape(v)), _dtype(v)) for k, v in part.data.items()})
+    return out
+
+
+def _group(key: str) -> str:
+    """The model a flat key belongs to: its first dotted segment (``global`` of ``global.conv.weight``)."""
+    return key.partition(".")[0]
+
+
+def _groups(structure: Structure) -> dict[str, dict]:
+    """``structure`` by :func:`_group`, each group's keys without the group's prefix (a flattened payload's models)."""
+    out: dict[str, dict] = {}
+    for key, spec in structure.items():
+        group, _, rest = key.partition(".")
+        if rest:
+            out.setdefault(group, {})[rest] = spec
+    return out
+
+
+def _same_dtype(got: np.dtype, expected: np.dtype) -> bool:
+    """Equal dtypes; or an integer entry (a counter) that came back as a float: FLARE's PercentilePrivacy divides every
+    entry of a diff by the step count, which makes an int64 counter float64 at an honest site."""
+    return got == expected or (expected.kind in "iu" and got.kind == "f")
+
+
+def structure_mismatch(sent: Structure, data: Mapping[str, Any]) -> str | None:
+    """None when the weight payload ``data`` fits the weights the server ``sent``, else why not (naming the keys).
+
+    ``data``'s keys are looked up among the sent keys, or, when they are not all there, among the keys of one sent
+    model (a flattened multi-model payload's ``<model>.`` group, e.g. FedSM's selector head step, whose keys are
+    ``head.*`` of the sent ``select.*``). Refused: a key found in neither (extra), a shape or dtype unlike the sent
+    one (a ``(1,)`` array for a bias), and a key left out of a model the payload updates, a model being the keys that
+    share a first dotted segment (a missing key would be averaged over the other sites only, or end the job in the
+    workflow's own aggregation). A payload may leave out whole models (FedSM's sites update the global and their own
+    model, not the selector they were sent). A site's privacy filter that removes single tensors (FLARE's
+    ``ExcludeVars``) therefore gets its results refused, loudly, instead of silently averaged.
+    """
+    if not isinstance(data, Mapping):
+        return f"a weight payload must be a dict of arrays, got {type(data).__name__}"
+    keys = {str(k) for k in data}
+    space: Structure = sent
+    if not keys <= set(sent):
+        space = next((sub for sub in _groups(sent).values() if keys <= set(sub)), sent)
+    extra = sorted(keys - set(space))
+    if extra:
+        return f"{len(extra)} keys the server did not send: {extra[:5]}{' ...' if len(extra) > 5 else ''}"
+    for key in sorted(keys):
+        shape, dtype = tuple(np.shape(data[key])), _dtype(data[key])
+        want_shape, want_dtype = space[key]
+        if shape != want_shape or not _same_dtype(dtype, want_dtype):
+            return f"key '{key}' is {shape} {dtype}, the server sent {want_shape} {want_dtype}"
+    touched = {_group(k) for k in keys}
+    missing = sorted(k for k in space if _group(k) in touched and k not in keys)
+    if missing:
+        return f"{len(missing)} keys missing: {missing[:5]}{' ...' if len(missing) > 5 else ''}"
+    return None
+
+
+def parts_mismatch(sent: Structure, parts: Mapping[str, Part]) -> str | None:
+    """:func:`structure_mismatch` of each WEIGHTS / WEIGHT_DIFF part (naming the part); None when all fit or nothing was sent."""
+    if not sent:
+        return None
+    for name, part in parts.items():
+        if part.kind in WEIGHT_KINDS:
+            reason = structure_mismatch(sent, part.data)
+            if reason:
+                return f"{name + ': ' if name else ''}{reason}"
+    return None
+
+
 class NormRule:
     """The median-multiple rule on the norms of one kind of update (one task and part), round by round.
 
@@ -153,12 +250,16 @@ class UpdateScreen:
         self.rules: dict[tuple[str, str], NormRule] = {}
         self._lock = threading.Lock()
 
-    def screen(self, task: str, rnd: Any, parts: Mapping[str, Part]) -> str | None:
+    def screen(self, task: str, rnd: Any, parts: Mapping[str, Part], sent: Structure | None = None) -> str | None:
         """None when the result may reach a model, else the reason it may not (naming the part and key).
 
         ``task`` and ``rnd`` (the round the result answers; None when unknown, then every result of the task counts
-        as one round) select the reference norms; ``parts`` are the result's DXOs by name ("" for a plain DXO).
+        as one round) select the reference norms; ``parts`` are the result's DXOs by name ("" for a plain DXO);
+        ``sent`` is the :func:`weight_structure` of what the server sent with the task (None or empty: not known).
         """
+        mismatch = parts_mismatch(sent or {}, parts)
+        if mismatch:
+            return f"does not fit the model the server sent: {mismatch}"
         bad = nonfinite_parts(parts)
         if bad:
             return f"NaN/Inf values in {len(bad)} arrays: {bad[:5]}{' ...' if len(bad) > 5 else ''}"

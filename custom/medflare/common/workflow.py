@@ -18,8 +18,15 @@ model, FedIOD's per-site gradients), a site that does not answer within ``task_t
 missing instead of hanging the job, fewer than ``min_responses`` answers end the job with a message
 naming the missing sites, and a reply that a site's privacy filters refused is reported as such
 (:class:`medflare.PrivacyError`), not as a crash. A result that the server's update guard
-(:class:`medflare.common.result_guard.UpdateGuard`: NaN/Inf or an outsized update) refused counts as a
-missing site: the round goes on with the others when ``min_responses`` allows, and the log names the site.
+(:class:`medflare.common.result_guard.UpdateGuard`: NaN/Inf, a structure unlike the model sent, or an outsized
+update) refused counts as a missing site: the round goes on with the others when ``min_responses`` allows, and the
+log names the site. So does a site that answers with an error (it could not start or do its task): the line that
+ends a job for want of sites names each missing site with its cause (:mod:`medflare.common.site_errors`).
+
+The count a site reports with its result (``NUM_STEPS_CURRENT_ROUND``, what the workflows weigh its update and
+metrics by) is bounded once per exchange by :class:`medflare.common.site_weights.SiteWeights` (one per task) and
+rewritten in the result's meta, so every workflow built on this class weighs by what the server stands behind;
+a report that is no count refuses that site's result. A model that holds NaN/Inf is never saved (:meth:`save_model`).
 """
 
 from __future__ import annotations
@@ -42,9 +49,12 @@ from medflare import ConfigError, PayloadError, PrivacyError
 from medflare.common.checks import check_int
 from medflare.common.component import keep_args
 from medflare.common.compute import apply_threads, compute_share
+from medflare.common.aggregation import check_finite_params
 from medflare.common.payload import payload_bytes
 from medflare.common.result_guard import UPDATE_REFUSED
 from medflare.common.site_config import read_site_config
+from medflare.common.site_errors import MissingSites
+from medflare.common.site_weights import SiteWeights
 
 
 def filter_history(params: Any) -> dict[str, list[str]]:
@@ -86,6 +96,8 @@ class SiteRounds(ModelController):
         self._results: dict[str, FLModel] = {}
         self._refused: dict[str, str] = {}
         self._guarded: set[str] = set()  # sites whose result the server's update guard refused in this exchange
+        self._missing = MissingSites()  # why each site's result was an error in this exchange
+        self._weights: dict[str, SiteWeights] = {}  # the bound on the counts the sites report, per task
         self._expected: set[str] = set()
         self._all_in = threading.Event()
         self.best_value = float("-inf")  # the best value given to offer_best so far
@@ -162,6 +174,7 @@ class SiteRounds(ModelController):
 
     def _accept_train_result(self, client_name: str, result: Shareable, fl_ctx: FLContext) -> bool:
         rc = result.get_return_code()
+        self._missing.note(client_name, result)
         if rc == ReturnCode.TASK_RESULT_FILTER_ERROR:
             self._refused[client_name] = rc
         elif rc == UPDATE_REFUSED:
@@ -187,6 +200,7 @@ class SiteRounds(ModelController):
         answered. Logs the bytes each way per site and the filters each result (or each part of a COLLECTION) passed.
         """
         self._results, self._refused, self._guarded = {}, {}, set()
+        self._missing.reset()
         self._expected, self._all_in = set(payloads), threading.Event()
         sent = {}
         for site, model in payloads.items():
@@ -207,12 +221,13 @@ class SiteRounds(ModelController):
                 + f" ({ReturnCode.TASK_RESULT_FILTER_ERROR}); the scope blocks a payload this workflow needs "
                 "(the site's log names the blocked DXO kind)"
             )
+        self._bound_counts(task, results)
         need = min_responses if min_responses is not None else (self.min_responses or len(payloads))
         guarded = f"; the server's update guard refused {sorted(self._guarded)}" if self._guarded else ""
         if len(results) < need:
             missing = sorted(set(payloads) - set(results))
-            raise PayloadError(f"round {rnd} task '{task}': {len(results)} of {len(payloads)} sites answered (no result from {missing}"
-                               f"{guarded}); min_responses={need}")
+            raise PayloadError(f"round {rnd} task '{task}': {len(results)} of {len(payloads)} sites answered, min_responses={need}; "
+                               f"missing: {self._missing.describe(missing)}")
         absent = sorted(set(payloads) - set(results) - self._guarded)  # dead, timed out or failed at the site
         if guarded or absent:
             self.warning(f"round {rnd} task '{task}': going on with {sorted(results)}{guarded}"
@@ -223,3 +238,28 @@ class SiteRounds(ModelController):
                       + (f", result filters {filters}" if filters else ""))
         self.info(f"round {rnd} {task}: {len(results)} sites in {time.perf_counter() - start:.1f} s; {sum(sent.values())} B out")
         return results
+
+    def _bound_counts(self, task: str, results: dict[str, FLModel]) -> None:
+        """In place: each result's reported count (meta ``NUM_STEPS_CURRENT_ROUND``, where present) replaced by the weight
+        :class:`SiteWeights` allows (clips logged as warnings naming the site); a result whose report is no count is
+        dropped (logged as an error, counted as missing)."""
+        bound = self._weights.setdefault(task, SiteWeights(what=f"task '{task}'"))
+        reports = {s: r.meta[FLMetaKey.NUM_STEPS_CURRENT_ROUND] for s, r in results.items()
+                   if FLMetaKey.NUM_STEPS_CURRENT_ROUND in (r.meta or {})}
+        decided = bound.bound(reports)
+        for site, why in decided.clipped.items():
+            self.warning(f"site '{site}' {why}")
+        for site, why in decided.refused.items():
+            self.error(f"site '{site}' {why}: its result is left out of this round")
+            self._missing.causes[site] = f"refused by the server: {why}"
+            del results[site]
+        for site, weight in decided.weights.items():
+            results[site].meta[FLMetaKey.NUM_STEPS_CURRENT_ROUND] = weight
+
+    def save_model(self, model: FLModel) -> None:
+        """The persistor's save, refused (PayloadError naming the keys; the job ends, the last saved model stays) when a
+        float entry of ``model`` is NaN/Inf: a non-finite model must never be saved or sent on."""
+        if isinstance(model, FLModel) and isinstance(model.params, Mapping):
+            check_finite_params({k: v for k, v in model.params.items() if not isinstance(v, DXO)},
+                                f"round {self.current_round}: the model to save")
+        super().save_model(model)

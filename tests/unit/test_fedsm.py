@@ -469,18 +469,19 @@ def test_persistor_builds_the_container_when_configured_and_writes_the_registry_
 
 # ---- the site's reply as FLARE's filters and the server see it ----------------------------------------
 def _train_reply():
-    from nvflare.apis.dxo import DXO, DataKind
+    from nvflare.apis.dxo import DXO, DataKind, MetaKey
     from nvflare.apis.fl_constant import FLMetaKey
 
+    from medflare.common.egress import site_reply
     from medflare.common.payload import flatten
-    from medflare.fedsm.executor import site_reply
 
     g = np.random.default_rng(0)
     diff = flatten({P.GLOBAL: {"w": g.normal(0, 0.01, 50).astype(np.float32)}, P.PERSON: {"w": g.normal(0, 0.01, 50).astype(np.float32)}})
     stats = density.site_gaussian(_gauss([0.0, 1.0], 20, 1), _gauss([0.0, 1.0], 10, 2), 0.2)
     parts = {P.WEIGHTS_PART: DXO(DataKind.WEIGHT_DIFF, data=dict(diff), meta={FLMetaKey.NUM_STEPS_CURRENT_ROUND: 20}),
              P.STATS_PART: DXO(DataKind.STATISTICS, data=dict(stats))}
-    return site_reply(parts, 20, {"own_or_global_dice": 0.5}, rnd=3), diff, stats
+    scores = {MetaKey.INITIAL_METRICS: DXO(DataKind.METRICS, data={"own_or_global_dice": 0.5})}
+    return site_reply(parts, lift=scores, meta={FLMetaKey.NUM_STEPS_CURRENT_ROUND: 20}, rnd=3), diff, stats
 
 
 def test_site_filters_see_each_part_and_the_server_parses_what_they_let_through():
@@ -490,6 +491,7 @@ def test_site_filters_see_each_part_and_the_server_parses_what_they_let_through(
     from nvflare.app_common.filters.percentile_privacy import PercentilePrivacy
     from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
+    from medflare.common.egress import Intake
     from medflare.fedsm.controller import parse_reply
 
     reply, diff, stats = _train_reply()
@@ -497,6 +499,7 @@ def test_site_filters_see_each_part_and_the_server_parses_what_they_let_through(
         DXOBlocker(data_kinds=["STATISTICS"]).process(reply, FLContext())
     reply, diff, stats = _train_reply()
     filtered = PercentilePrivacy(percentile=50, gamma=0.001, data_kinds=["WEIGHT_DIFF"]).process(reply, FLContext())
+    filtered = Intake().process(filtered, FLContext())  # the server's view: the scores back in meta for FLARE's selector
     got = parse_reply("site-1", FLModelUtils.from_shareable(filtered), P.MAIN)
     assert got.n == 20 and FLModelUtils.from_shareable(filtered).metrics == {"own_or_global_dice": 0.5}
     w = got.diffs[P.GLOBAL]["w"]

@@ -294,9 +294,9 @@ def test_separate_store_sharing_costs_c_squared_generators(c):
 def test_sites_with_different_image_sizes_are_refused():
     ctrl = _separate_controller(["a", "b"], {}, {})
     ctrl.classes, ctrl.image_size, ctrl.image_size_of = {}, None, {}
-    ctrl._note_site("a", FLModel(params={}, meta={P.IMAGE_SIZE: [32, 32], P.CLASSES: [0, 1, 2]}))
+    ctrl._note_site("a", FLModel(params={}, meta={P.SUMMARY: {"image_size": [32, 32], "classes": [0, 1, 2]}}))
     with pytest.raises(ConfigError, match=r"a: 32x32, b: 64x64"):
-        ctrl._note_site("b", FLModel(params={}, meta={P.IMAGE_SIZE: [64, 64]}))
+        ctrl._note_site("b", FLModel(params={}, meta={P.SUMMARY: {"image_size": [64, 64]}}))
 
 
 # ---- saved files ----------------------------------------------------------------------------------

@@ -8,16 +8,21 @@ from nvflare.apis.fl_constant import FLMetaKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable
 from nvflare.apis.signal import Signal
-from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.apis.dxo import DXO, DataKind, MetaKey
 from nvflare.app_common.app_constant import AlgorithmConstants
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from medflare.baselines.corrections import ScaffoldState, fedprox_term
 from medflare.common.component import keep_args
+from medflare.common.egress import site_reply
 from medflare.common.payload import check_finite, load_numpy_state, state_to_numpy, weight_diff
 from medflare.common.update_guard import tree_norm
 from medflare.common.site_executor import SiteExecutor, format_metrics
 from medflare.common.training import make_loss, make_optimizer, train_epochs
+
+
+#: name of the weight-diff part of a reply
+UPDATE = "update"
 
 
 class SupervisedExecutor(SiteExecutor):
@@ -27,6 +32,11 @@ class SupervisedExecutor(SiteExecutor):
     to the server as the round's metrics and to TensorBoard), train ``train.epochs`` local epochs, and
     return the update as a WEIGHT_DIFF so that FLARE's privacy filters apply. The site's weight in the
     average is its number of training cases (FLMetaKey.NUM_STEPS_CURRENT_ROUND), as in FedAvg.
+
+    The reply's parts (the job's manifest declares them): ``update`` (WEIGHT_DIFF), the scores as
+    a METRICS part and, under SCAFFOLD, the control variate's change as a second WEIGHT_DIFF part, so a site's scope
+    filters each (FLARE's own SCAFFOLD sends the controls in meta, where no filter sees them). The server's
+    :class:`~medflare.common.egress.Intake` hands FLARE's FedAvg / Scaffold the shape they read.
 
     FedProx and SCAFFOLD are switched on by the server's task meta (see :mod:`.corrections`).
     Model, optimiser (its Adam moments included) and SCAFFOLD controls persist across rounds.
@@ -92,8 +102,8 @@ class SupervisedExecutor(SiteExecutor):
         diff = weight_diff(state_to_numpy(self.model), sent)
         check_finite(diff, self.site)
         self.tracker.scalars(fl_ctx, {"update_norm": tree_norm(diff)}, rnd)
-        out_meta = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: len(self.data.train)}
+        n = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: len(self.data.train)}
+        lift = {MetaKey.INITIAL_METRICS: DXO(DataKind.METRICS, data=dict(metrics))}
         if controls is not None:
-            out_meta[AlgorithmConstants.SCAFFOLD_CTRL_DIFF] = self.scaffold.end_round(self.model)
-        result = FLModel(params_type=ParamsType.DIFF, params=diff, metrics=metrics, meta=out_meta, current_round=rnd)
-        return FLModelUtils.to_shareable(result)
+            lift[AlgorithmConstants.SCAFFOLD_CTRL_DIFF] = DXO(DataKind.WEIGHT_DIFF, data=self.scaffold.end_round(self.model), meta=n)
+        return site_reply({UPDATE: DXO(DataKind.WEIGHT_DIFF, data=diff, meta=n)}, lift=lift, unwrap=UPDATE, rnd=rnd)

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from nvflare.apis.dxo import MetaKey
+from nvflare.app_common.app_constant import AlgorithmConstants
 from nvflare.app_common.widgets.intime_model_selector import IntimeModelSelector
 
-from medflare.baselines.executor import SupervisedExecutor
+from medflare.baselines.executor import UPDATE, SupervisedExecutor
 from medflare.baselines.workflows import ResilientFedAvg, ResilientScaffold
+from medflare.common.egress import Send, declare
 from medflare.common.persistence import PresetModelPersistor
 from medflare.common.recipe import TASK_CHECK_PERIOD, JobRecipe
 from medflare.presets import get_preset
@@ -29,6 +32,7 @@ class _BaselineRecipe(JobRecipe):
 
     job_name = ""
     workflow_cls: type = ResilientFedAvg
+    sends_controls = False  # SCAFFOLD: the control variate's change leaves beside the update
 
     def __init__(
         self,
@@ -41,7 +45,13 @@ class _BaselineRecipe(JobRecipe):
         min_clients: int = 2,
         **workflow_args: Any,
     ):
-        key_metric = get_preset(preset, overrides)["eval"]["key_metric"]
+        cfg = get_preset(preset, overrides)
+        key_metric = cfg["eval"]["key_metric"]
+        sends = [Send(UPDATE, "WEIGHT_DIFF", "the local model's change in this round", models=1),
+                 Send(MetaKey.INITIAL_METRICS, "METRICS", "validation scores of the received global model (numbers)")]
+        if self.sends_controls:
+            sends.append(Send(AlgorithmConstants.SCAFFOLD_CTRL_DIFF, "WEIGHT_DIFF", "the change of the site's control variate",
+                              models=1))
         # A site whose result failed (its own error, or refused by the server's update guard) is left out of the
         # round's weighted average instead of ending the job (FedAvg asks every sampled site, so FLARE's default
         # would end it at the first one); a round no site answered ends it (medflare.baselines.workflows).
@@ -53,6 +63,10 @@ class _BaselineRecipe(JobRecipe):
             workflow_id=self.job_name,
             executor=SupervisedExecutor(preset=preset, overrides=overrides, device=device, seed=seed),
             tasks=["train"],
+            manifest=declare({"train": sends}),
+            preset=preset,
+            overrides=overrides,
+            scope="standard",
             server_components={
                 "persistor": PresetModelPersistor(preset=preset, overrides=overrides, seed=seed),
                 "model_selector": IntimeModelSelector(key_metric=key_metric, weigh_by_local_iter=True),
@@ -84,3 +98,4 @@ class ScaffoldRecipe(_BaselineRecipe):
 
     job_name = "scaffold"
     workflow_cls = ResilientScaffold
+    sends_controls = True

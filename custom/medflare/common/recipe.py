@@ -7,7 +7,10 @@ the recipes and a test fails when a folder and its recipe's export differ, so a 
 one and not in the other.
 
 :class:`JobRecipe` wires what every medflare job has besides its workflow and executor: the server's
-TensorBoard receiver and the sites' analytics-to-federated-event converter, the server's update guard
+TensorBoard receiver and the sites' analytics-to-federated-event converter (scalars; what a site keeps goes to its
+own receiver, :mod:`medflare.common.tracking`), the job's manifest of what its sites send, checked by every site
+before a reply leaves (:class:`~medflare.common.egress.ManifestFilter`) and unpacked on the server
+(:class:`~medflare.common.egress.Intake`), the privacy scope the job asks its sites for, the server's update guard
 (:class:`~medflare.common.result_guard.UpdateGuard`, a result filter on every task: no NaN/Inf or outsized
 update reaches a model), FLARE timings that keep the
 per-round overhead at about 0.5 s instead of 2 s (benchmarks/RESULTS.md), sites that fetch their next task
@@ -35,9 +38,10 @@ from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
 from nvflare.job_config.api import FedJob
 from nvflare.recipe.spec import Recipe
 
+from medflare.common.egress import Intake, ManifestFilter
 from medflare.common.result_guard import UpdateGuard
 from medflare.common.task_wait import TaskReadyResponder, WaitForNextTask
-from medflare.common.tracking import SERVER_EVENT_TYPE
+from medflare.common.tracking import LOCAL_EVENT_TYPE, SERVER_EVENT_TYPE
 
 #: FLARE timings of every medflare job (stock FLARE: 2 s idle wait per round; see benchmarks/RESULTS.md). Sites wait
 #: for their next task (medflare.common.task_wait) before asking for it, so they may ask at once: FLARE sends
@@ -79,11 +83,14 @@ class JobRecipe(Recipe):
         workflow_id: its component id. Required.
         executor: the client Executor. Required.
         tasks: task names the executor serves. Required.
+        manifest: what the sites send per task (:func:`medflare.common.egress.declare`): every site refuses a reply
+            holding anything else. Required.
+        scope: the sites' privacy scope the job runs under (``"scope"`` of meta.json; a site whose privacy.json lacks it
+            refuses the job): the safe default for what the job sends. Required.
+        preset, overrides: the job's preset and overrides, which size the manifest's weight parts. Default none.
         server_components: ``{id: component}`` beside the workflow (persistor, model selector, ...). Default none.
         client_components: ``{id: component}`` beside the executor. Default none.
         min_clients: fewest sites the job needs to start. Default 2.
-        meta_props: extra keys of the job's meta.json, e.g. ``{"scope": "no_weights"}`` (the sites' privacy
-            scope the job runs under). Default none.
         more_executors: ``[(executor, tasks), ...]`` further client executors, each serving its own tasks (a job whose
             site work splits into several executors, e.g. FedST's generator training, sampling and segmentation). Default none.
         update_guard: the server's result filter on every task the sites serve. Default ``UpdateGuard()`` (its knobs
@@ -98,14 +105,17 @@ class JobRecipe(Recipe):
         workflow_id: str,
         executor: Any,
         tasks: Sequence[str],
+        manifest: Mapping[str, Any],
+        scope: str,
+        preset: str = "",
+        overrides: Mapping[str, Any] | None = None,
         server_components: Mapping[str, Any] | None = None,
         client_components: Mapping[str, Any] | None = None,
         min_clients: int = 2,
-        meta_props: Mapping[str, Any] | None = None,
         more_executors: Sequence[tuple[Any, Sequence[str]]] | None = None,
         update_guard: UpdateGuard | None = None,
     ):
-        job = FedJob(name=name, min_clients=min_clients, meta_props=dict(meta_props) if meta_props else None)
+        job = FedJob(name=name, min_clients=min_clients, meta_props={"scope": scope})
         job.set_app_packages(["medflare"])  # installed at every site with pip: never copied into the job
         job.to_server(workflow, id=workflow_id)
         for comp_id, comp in (server_components or {}).items():
@@ -118,9 +128,17 @@ class JobRecipe(Recipe):
         for comp_id, comp in (client_components or {}).items():
             job.to_clients(comp, id=comp_id)
         job.to_clients(ConvertToFedEvent(events_to_convert=[ANALYTIC_EVENT_TYPE], fed_event_prefix="fed."), id="event_to_fed")
+        job.to_clients(TBAnalyticsReceiver(events=[LOCAL_EVENT_TYPE]), id="tb_site")  # what the site keeps at home
         job.to_clients(WaitForNextTask(), id="wait_for_next_task")
         super().__init__(job)
         all_tasks = sorted({*tasks, *(t for _, extra_tasks in more_executors or () for t in extra_tasks)})  # a stable export
+        undeclared = sorted(set(all_tasks) - set(manifest))
+        if undeclared:
+            raise ValueError(f"job '{name}': tasks {undeclared} have no entry in the manifest of what the sites send")
+        self.manifest = dict(manifest)
+        for task in all_tasks:  # one entry per task: FLARE exports a multi-task entry's task list in set order
+            self.add_client_output_filter(ManifestFilter(manifest, preset=preset, overrides=overrides), tasks=[task])
+        self.add_server_input_filter(Intake(), tasks=all_tasks)  # the sites' parts as the workflows read them
         self.add_server_input_filter(update_guard or UpdateGuard(), tasks=all_tasks)
         self.add_server_config(dict(SERVER_SETTINGS))
         self.add_client_config(dict(CLIENT_SETTINGS))

@@ -17,7 +17,7 @@ from nvflare.apis.event_type import EventType
 from nvflare.apis.executor import Executor
 from nvflare.apis.fl_constant import FLContextKey, ReturnCode
 from nvflare.apis.fl_context import FLContext
-from nvflare.apis.shareable import Shareable, make_reply
+from nvflare.apis.shareable import Shareable
 from nvflare.apis.signal import Signal
 from nvflare.app_common.app_constant import AppConstants
 
@@ -25,6 +25,7 @@ from medflare import MedflareError
 from medflare.common.component import keep_args
 from medflare.common.compute import ComputeShare, apply_threads, compute_share
 from medflare.common.site_config import read_site_config, setting
+from medflare.common.site_errors import error_reply
 from medflare.common.tracking import SiteTracker
 from medflare.common.training import batch_size_for, make_loader, one_line, pick_device
 from medflare.data import SiteData, load_site
@@ -58,7 +59,10 @@ class SiteExecutor(Executor):
     ``local/medflare_site.json`` says ``"compute": {"device": ...}``, that device instead of the job's
     ``device``. A job's path-valued settings (``data.cache.dir``) must point into the site's workspace or
     cache folder, else the site refuses to start with a ConfigError naming the key
-    (:func:`medflare.data.site.confine_job_paths`). On a GPU the preset's ``train.gpu_batch_size`` (when > 0)
+    (:func:`medflare.data.site.confine_job_paths`). A site that cannot start (that error, no data, a config its
+    checks refuse) stays in the job and answers every task with an error reply naming the cause, which the server
+    counts as a missing site (:mod:`medflare.common.site_errors`); a task that fails on a MedflareError does the
+    same for that task only. On a GPU the preset's ``train.gpu_batch_size`` (when > 0)
     replaces ``train.batch_size``.
     Each task's compute time (and the part spent in :meth:`validate`) is logged and sent to TensorBoard as
     ``time/task_s`` and ``time/validate_s``; the process's peak memory is logged at END_RUN.
@@ -87,6 +91,7 @@ class SiteExecutor(Executor):
         self._handlers: dict[str, Handler] = {}
         self._validate_s = 0.0  # seconds spent in validate() during the current task
         self._warned_unseen: set[str] = set()  # splits whose never-seen classes were logged (once a run, not every round)
+        self._start_error = ""  # why START_RUN failed (sent with every task's error reply), "" when it did not
 
     # ---- set-up ------------------------------------------------------------------------------
     def register_task(self, task_name: str, handler: Handler) -> None:
@@ -107,8 +112,10 @@ class SiteExecutor(Executor):
                 torch.manual_seed(self.seed)
                 self.setup(fl_ctx)
             except MedflareError as e:  # the message names the site and the file or key
-                self.log_error(fl_ctx, one_line(e))
-                self.system_panic(f"cannot start: {one_line(e)}", fl_ctx)
+                # No panic: the site stays in the job and answers every task with this cause (execute), so the server
+                # counts it as missing at once instead of waiting for it forever (common/site_errors.py).
+                self.data, self._start_error = None, f"cannot start: {one_line(e)}"
+                self.log_error(fl_ctx, f"{self._start_error}; every task of this job gets an error reply naming it")
                 return
             self.log_info(
                 fl_ctx,
@@ -140,17 +147,19 @@ class SiteExecutor(Executor):
     def execute(self, task_name: str, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
         handler = self._handlers.get(task_name)
         if handler is None:
-            self.log_error(fl_ctx, f"site '{self.site}': unknown task '{task_name}' (known: {sorted(self._handlers)})")
-            return make_reply(ReturnCode.TASK_UNKNOWN)
+            cause = f"site '{self.site}': unknown task '{task_name}' (known: {sorted(self._handlers)})"
+            self.log_error(fl_ctx, cause)
+            return error_reply(ReturnCode.TASK_UNKNOWN, cause)
         if self.data is None:
-            return make_reply(ReturnCode.EXECUTION_EXCEPTION)
+            return error_reply(ReturnCode.EXECUTION_EXCEPTION, self._start_error or f"site '{self.site}': not started")
         self._validate_s = 0.0
         tic = time.perf_counter()
         try:
             reply = handler(shareable, fl_ctx, abort_signal)
         except MedflareError as e:  # a bad file (also one that went bad since the last round) fails this task only
-            self.log_error(fl_ctx, f"site '{self.site}', task '{task_name}': {one_line(e)}")
-            return make_reply(ReturnCode.EXECUTION_EXCEPTION)
+            cause = f"site '{self.site}', task '{task_name}': {one_line(e)}"
+            self.log_error(fl_ctx, cause)
+            return error_reply(ReturnCode.EXECUTION_EXCEPTION, cause)
         task_s, rnd = time.perf_counter() - tic, shareable.get_header(AppConstants.CURRENT_ROUND)
         step = int(rnd) if rnd is not None else 0
         self.tracker.scalars(fl_ctx, {"time/task_s": task_s, "time/validate_s": self._validate_s}, step)

@@ -36,7 +36,7 @@ from medflare.common.site_executor import SiteExecutor, format_metrics
 from medflare.fediod import protocol as P
 from medflare.fediod.build import data_shape, label_counts, server_specs, site_distiller
 from medflare.fediod.config import FedIODConfig
-from medflare.fediod.privacy import PrivacySettings
+from medflare.fediod.privacy import PrivacySettings, noised_counts
 from medflare.fediod.teacher import checkpoint_file, load_teacher, save_teacher, teacher_settings, train_teacher
 from medflare.nets import build_from_spec
 from medflare.nets.batchnorm import prior_layers
@@ -104,10 +104,18 @@ class FedIODExecutor(SiteExecutor):
             self.log_warning(fl_ctx, f"site '{self.site}': 'fediod.lambda_bn' is set but its teacher has no BatchNorm layers with "
                                      "running statistics: its realism prior is 0")
         counts = label_counts(self.data.train, self.data.task, self.data.num_classes)
+        size = float(len(self.data.train))
+        if self.privacy.enabled:  # the counts are a release of the site's data too: the same Gaussian mechanism, accounted
+            per_record = float(self.data.train[0]["label"].numel())  # a label map moves its class counts by its pixels
+            counts = noised_counts(counts, per_record, self.privacy.noise_multiplier, self.distiller.noise)
+            size = float(noised_counts(torch.tensor([size]), 1.0, self.privacy.noise_multiplier, self.distiller.noise)[0])
+            self.distiller.accountant.spend(self.privacy.noise_multiplier, steps=2)
+            self.log_info(fl_ctx, f"site '{self.site}': label counts noised (noise multiplier {self.privacy.noise_multiplier}), "
+                                  f"epsilon {self.distiller.epsilon():.4f}")
         with torch.no_grad():
             probe = self.teacher_model(self.data.train[0]["image"][None].to(self.torch_device))
         parts = {
-            P.PART_COUNTS: DXO(DataKind.STATISTICS, {"counts": counts.numpy(), "size": np.array([len(self.data.train)], dtype=np.int64)}),
+            P.PART_COUNTS: DXO(DataKind.STATISTICS, {"counts": counts.numpy(), "size": np.array([max(size, 1.0)])}),
             P.PART_TEACHER: DXO(DataKind.METRICS, {**metrics, "num_outputs": int(probe.shape[1])}),
         }
         return collection(parts, {P.STATUS: "ok"}).to_shareable()

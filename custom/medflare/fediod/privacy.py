@@ -114,6 +114,16 @@ def release_noise_multiplier(noise_multiplier: float, vectors: int) -> float:
     return noise_multiplier / (2.0 * math.sqrt(vectors))
 
 
+def noised_counts(counts: torch.Tensor, per_record: float, noise_multiplier: float,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """Per-class label counts ``(C,)`` released by the Gaussian mechanism: noise of std ``noise_multiplier * per_record``
+    (the L2 sensitivity: one training record moves its class counts by at most ``per_record``, 1 for a label, the
+    pixels of one label map for segmentation), rounded and floored at 0 (post-processing, no privacy cost). The caller
+    records the release with its accountant (noise multiplier ``noise_multiplier`` relative to the sensitivity)."""
+    noise = torch.randn(counts.shape, generator=generator, dtype=torch.float64) * (noise_multiplier * per_record)
+    return (counts.double() + noise).round().clamp_min(0)
+
+
 class SiteAccountant:
     """(epsilon, delta) of a site's releases, by opacus' RDP accountant (composition of Gaussian mechanisms).
 

@@ -8,7 +8,7 @@ scope (DXOBlocker on those kinds) passes every FedIOD reply and would refuse any
 ==========================  =====================  ==============================================================
 task                        server -> site         site -> server (COLLECTION parts)
 ==========================  =====================  ==============================================================
-``fediod_teacher``          ``FEDIOD_REQUEST`` {}  ``label_counts`` STATISTICS {counts (C,), size (1,)};
+``fediod_teacher``          ``FEDIOD_REQUEST`` {}  ``label_counts`` STATISTICS {counts (C,), size (1,)} (noised under DP);
                                                    ``teacher`` METRICS {own-data accuracy/Dice, num_outputs}
 ``fediod_outputs``          ``FEDIOD_INPUTS``      ``logits`` FEDIOD_LOGITS {z (M, B, C, *s)};
                             {x (M,B,C,H,W),        ``scores`` FEDIOD_SCORES {r (M, B)};
@@ -17,13 +17,14 @@ task                        server -> site         site -> server (COLLECTION pa
                             DIENTS`` {g_z, g_r,    ``privacy`` METRICS
                             adv_weight (1,),
                             prior_weight (1,)}
-``fediod_validate``         WEIGHTS (the student)  ``metrics`` METRICS {val_* of the student} (+ FLARE's
-                                                   ``initial_metrics`` meta for its IntimeModelSelector)
+``fediod_validate``         WEIGHTS (the student)  ``metrics`` METRICS {val_* of the student}
 ==========================  =====================  ==============================================================
 
 A site that will not answer a window (its epsilon budget would be exceeded) replies with only the
 ``privacy`` part and ``STATUS = "stopped"`` plus ``REASON`` in the collection's meta.
 """
+
+from medflare.common.egress import Send, declare
 
 TASK_TEACHER = "fediod_teacher"
 TASK_OUTPUTS = "fediod_outputs"
@@ -52,3 +53,25 @@ PART_METRICS = "metrics"
 STATUS = "fediod_status"  # "ok" | "stopped"
 REASON = "fediod_reason"  # why a site stopped
 WINDOW = "fediod_window"  # window index of a request (a reply must answer the window it was asked for)
+
+
+def manifest() -> dict:
+    """What a FedIOD site sends, per task (:func:`medflare.common.egress.declare`): the table above; shapes scale with
+    the preset's ``fediod`` window settings (M batches of B generated inputs), so no byte bound is computed here."""
+    privacy = Send(PART_PRIVACY, "METRICS", "the site's DP state: epsilon, delta, noise multiplier, clip, windows",
+                   cadence="every window")
+    return declare({
+        TASK_TEACHER: [Send(PART_COUNTS, "STATISTICS", "per-class label counts (C,) and the training-set size (noised under DP)",
+                            cadence="once"),
+                       Send(PART_TEACHER, "METRICS", "the teacher's scores on its own validation split, its output count",
+                            cadence="once")],
+        TASK_OUTPUTS: [Send(PART_LOGITS, KIND_LOGITS, "teacher logits on the server's generated inputs (M, B, C, *s)",
+                            cadence="every window"),
+                       Send(PART_SCORES, KIND_SCORES, "discriminator scores of the generated inputs (M, B)", cadence="every window"),
+                       privacy],
+        TASK_GRADIENTS: [Send(PART_GRADIENTS, KIND_INPUT_GRADIENTS, "clipped (+ noised under DP) input gradients (M, B, C, H, W)",
+                              cadence="every window"),
+                         privacy],
+        TASK_VALIDATE: [Send(PART_METRICS, "METRICS", "the student's scores on the site's validation split")],
+    }, meta={TASK_TEACHER: [STATUS], TASK_OUTPUTS: [STATUS, REASON, WINDOW], TASK_GRADIENTS: [STATUS, WINDOW, "round"],
+             TASK_VALIDATE: [STATUS]})

@@ -50,9 +50,12 @@ class FedIODRecipe(JobRecipe):
             workflow_id="fediod",
             executor=FedIODExecutor(preset=preset, overrides=overrides, device=device, seed=seed),
             tasks=list(P.TASKS),
+            manifest=P.manifest(),
+            preset=preset,
+            overrides=overrides,
+            scope=scope,
             server_components={"persistor": FedIODPersistor(preset=preset, overrides=overrides, seed=seed)},
             min_clients=min_clients,
-            meta_props={"scope": scope} if scope else None,
         )
         # The job itself refuses to send weights, whatever the site's privacy.json says (FLARE's simulator applies
         # no site scope at all): the same filter the sites' no_weights scope runs, on every FedIOD reply.

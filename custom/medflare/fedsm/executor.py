@@ -11,8 +11,8 @@ personalised model and the selector (one WEIGHTS DXO, prefixes from :mod:`.proto
 3. trains the global and personalised models with the segmentation loss on the same batches;
 4. replies with a COLLECTION: the two models' updates as one WEIGHT_DIFF part and the Gaussian as a
    STATISTICS part, so each is seen by the site's privacy scope (PercentilePrivacy acts on the diffs,
-   a DXOBlocker can refuse the statistics); the validation scores go where FLARE's FedAvg puts them
-   (meta ``initial_metrics``) for the best-model selector.
+   a DXOBlocker can refuse the statistics), and the validation scores as a METRICS part, which the server's
+   intake puts where FLARE's best-model selector reads them (meta ``initial_metrics``; :mod:`medflare.common.egress`).
 
 FedSM-extra rounds: the server sends every site's personalised model; the site labels each training case
 with the lowest-loss model (Eq. 1, once: the models no longer change) and replies with one gradient step of
@@ -39,7 +39,8 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from medflare import MedflareError, PayloadError
-from medflare.common.payload import (check_finite, collection, flatten, load_numpy_state, nbytes, payload_bytes, state_to_numpy,
+from medflare.common.egress import site_reply
+from medflare.common.payload import (check_finite, flatten, load_numpy_state, nbytes, payload_bytes, state_to_numpy,
                                     unflatten, weight_diff)
 from medflare.common.site_config import setting
 from medflare.common.site_executor import SiteExecutor, format_metrics
@@ -61,15 +62,6 @@ def _digest(params: Mapping[str, np.ndarray]) -> str:
         h.update(key.encode())
         h.update(np.ascontiguousarray(params[key]).tobytes())
     return h.hexdigest()
-
-
-def site_reply(parts: Mapping[str, DXO], n: int, metrics: Mapping[str, float], rnd: int) -> Shareable:
-    """A site's task result: a COLLECTION of ``parts`` (each its own data kind, so each meets the site's filters),
-    ``n`` training cases and the scores in the meta where FLARE's FedAvg puts them (``initial_metrics``)."""
-    meta = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: n, MetaKey.INITIAL_METRICS: dict(metrics)}
-    shareable = collection(parts, meta).to_shareable()
-    shareable.set_header(AppConstants.CURRENT_ROUND, rnd)
-    return shareable
 
 
 class FedSMExecutor(SiteExecutor):
@@ -209,8 +201,9 @@ class FedSMExecutor(SiteExecutor):
     def _reply(self, fl_ctx: FLContext, parts: Mapping[str, DXO], n: int, metrics: Mapping[str, float], rnd: int) -> Shareable:
         self.log_info(fl_ctx, f"round {rnd}: '{self.site}' replies with " + ", ".join(
             f"{name} ({getattr(dxo.data_kind, 'value', dxo.data_kind)}, {payload_bytes(dxo)} B)" for name, dxo in parts.items())
-            + f" and {len(metrics)} scores in the meta")
-        return site_reply(parts, n, metrics, rnd)
+            + f" and {len(metrics)} validation scores (the best-model selector's)")
+        n = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: n}
+        return site_reply(parts, lift={MetaKey.INITIAL_METRICS: DXO(DataKind.METRICS, data=dict(metrics))}, meta=n, rnd=rnd)
 
     # ---- tasks -------------------------------------------------------------------------------
     def train(self, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:

@@ -18,10 +18,15 @@ part                          data kind        content
 :data:`METRICS_PART`          METRICS          the final super model's scores (``validate``)
 ============================  ===============  =====================================================
 
-The ``validate`` reply holds no weights, only a METRICS part. Validation scores also ride in the result's
-meta under FLARE's ``initial_metrics`` (where FLARE's FedAvg puts them), so a stock ``IntimeModelSelector``
-picks the best super model.
+The ``validate`` reply holds no weights, only a METRICS part. Every reply also holds the validation scores as a
+METRICS part named ``initial_metrics``, which the server's intake (:mod:`medflare.common.egress`) puts in the
+result's meta, where a stock ``IntimeModelSelector`` reads them to pick the best super model. :func:`manifest`
+declares all of it for the sites' check and ``medflare audit``.
 """
+
+from nvflare.apis.dxo import MetaKey
+
+from medflare.common.egress import Send, declare
 
 # ---- tasks ------------------------------------------------------------------------------------
 TASK_TRAIN = "train"  # main and extra rounds (Algorithm 1 / FedSM-extra)
@@ -57,3 +62,16 @@ GAMMA = "fedsm_gamma"  # routing threshold of the scores a site reports
 MAIN = "main"  # Algorithm 1: global + personalised models trained, selector Gaussians refreshed
 EXTRA = "extra"  # FedSM-extra: only the selector head is trained (Eq. 1 labels)
 PHASES = (MAIN, EXTRA)
+
+
+def manifest() -> dict:
+    """What a FedSM site sends per task (the table above)."""
+    scores = Send(MetaKey.INITIAL_METRICS, "METRICS", "validation scores of the received super model (numbers)")
+    return declare({
+        TASK_TRAIN: [Send(WEIGHTS_PART, "WEIGHT_DIFF", "updates of the global and the site's personalised model (main rounds)",
+                          models=2),
+                     Send(STATS_PART, "STATISTICS", "the selector's feature Gaussian of the site: mean, covariance, counts"),
+                     Send(HEAD_PART, "WEIGHT_DIFF", "one gradient step of the selector head (FedSM-extra rounds)", models=1),
+                     scores],
+        TASK_VALIDATE: [Send(METRICS_PART, "METRICS", "the final super model's scores", cadence="last round"), scores],
+    })

@@ -46,6 +46,10 @@ class FedSMRecipe(JobRecipe):
             workflow_id="fedsm",
             executor=FedSMExecutor(preset=preset, overrides=overrides, device=device, seed=seed),
             tasks=list(P.TASKS),
+            manifest=P.manifest(),
+            preset=preset,
+            overrides=overrides,
+            scope="standard",
             server_components={
                 "persistor": SuperModelPersistor(preset=preset, overrides=overrides, seed=seed),
                 "model_selector": IntimeModelSelector(key_metric=f"own_or_global_{key}"),

@@ -42,6 +42,11 @@ from medflare.presets import get_preset
 LEDGER_FILE = "communication.json"
 
 
+
+def generator_summary(res: FLModel) -> dict:
+    """The site's summary beside its generator (:data:`~medflare.fedst.protocol.SUMMARY`): classes, image size, losses."""
+    return dict((res.meta or {}).get(P.SUMMARY) or {})
+
 class FedSTController(SiteRounds):
     """What both FedST workflows share (use :class:`FedSTSeparateController` or :class:`FedSTJoinController`).
 
@@ -121,11 +126,11 @@ class FedSTController(SiteRounds):
 
     def _note_site(self, site: str, res: FLModel) -> None:
         """Keep a site's label classes; refuse a federation whose sites' images differ in size."""
-        meta = res.meta or {}
-        if P.CLASSES in meta:
-            self.classes[site] = [int(c) for c in meta[P.CLASSES]]
-        if P.IMAGE_SIZE in meta:
-            self.image_size_of[site] = [int(v) for v in meta[P.IMAGE_SIZE]]
+        summary = generator_summary(res)
+        if "classes" in summary:
+            self.classes[site] = [int(c) for c in np.asarray(summary["classes"]).reshape(-1)]
+        if "image_size" in summary:
+            self.image_size_of[site] = [int(v) for v in np.asarray(summary["image_size"]).reshape(-1)]
             sizes = {tuple(v) for v in self.image_size_of.values()} | ({tuple(self.image_size)} if self.image_size else set())
             if len(sizes) > 1:
                 detail = ", ".join(f"{s}: {v[0]}x{v[1]}" for s, v in sorted(self.image_size_of.items()))
@@ -275,7 +280,7 @@ class FedSTSeparateController(FedSTController):
             self.parts[P.store_prefix(self.site_names.index(site))] = generator
             self.versions[site] = rnd
             self.info(f"round {rnd}: style store <- generator of '{site}' ({nbytes(generator)} B, classes {self.classes.get(site)}, "
-                      f"L_simple {(res.meta or {}).get(P.LOSS)})")
+                      f"L_simple {generator_summary(res).get('loss_mean')})")
         missing = [s for s in self.site_names if s not in self.versions]
         if missing:
             raise PayloadError(f"round {rnd}: the style store lacks the generator(s) of {missing}; every site must share one")
@@ -353,7 +358,7 @@ class FedSTJoinController(FedSTController):
                 for site, res in results.items():
                     self._note_site(site, res)
                 self.parts[P.GEN] = self._combine_generator(results)
-            losses = {s: (r.meta or {}).get(P.LOSS, {}).get("mean") for s, r in results.items()}
+            losses = {s: generator_summary(r).get("loss_mean") for s, r in results.items()}
             self.info(f"round {rnd}: join generator averaged over {sorted(results)} {len(self.exchanges)} time(s); "
                       f"mean L_simple per site in the last exchange {losses}")
             if rnd < warmup:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from nvflare.apis.dxo import DXO, DataKind, MetaKey
 from nvflare.apis.fl_constant import FLContextKey, FLMetaKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable
@@ -33,6 +34,7 @@ from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from medflare import ConfigError, DataError, PayloadError
 from medflare.common.component import keep_args
+from medflare.common.egress import site_reply
 from medflare.common.payload import check_finite, flatten, load_numpy_state, payload_bytes, state_to_numpy, unflatten, weight_diff
 from medflare.common.site_executor import SiteExecutor, format_metrics
 from medflare.common.training import make_loader, make_loss, make_optimizer, train_epochs
@@ -163,12 +165,12 @@ class GeneratorTrainingExecutor(FedSTSiteExecutor):
         out = flatten({P.GEN: weight_diff(params, sent) if join else params})
         check_finite(out, self.site)
         self.log_bytes(fl_ctx, "train_generator", incoming, out, rnd)
-        result = FLModel(
-            params_type=ParamsType.DIFF if join else ParamsType.FULL, params=out, current_round=rnd,
-            meta={P.CLASSES: self.classes, P.IMAGE_SIZE: self.image_size, P.LOSS: summary,
-                  FLMetaKey.NUM_STEPS_CURRENT_ROUND: len(self.data.train)},
-        )
-        return FLModelUtils.to_shareable(result)
+        n = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: len(self.data.train)}
+        about = {"classes": np.asarray(self.classes, dtype=np.int64), "image_size": np.asarray(self.image_size, dtype=np.int64),
+                 **{f"loss_{k}": float(v) for k, v in summary.items()}}
+        generator = DXO(DataKind.WEIGHT_DIFF if join else DataKind.WEIGHTS, data=out, meta=n)
+        return site_reply({P.PART_GENERATOR: generator}, lift={P.SUMMARY: DXO(DataKind.STATISTICS, data=about)}, unwrap=P.PART_GENERATOR,
+                          meta=n, rnd=rnd)
 
 
 class StyleSamplingExecutor(FedSTSiteExecutor):
@@ -314,8 +316,9 @@ class SegmentationExecutor(FedSTSiteExecutor):
         diff = flatten({P.SEG: weight_diff(state_to_numpy(self.model), sent)})
         check_finite(diff, self.site)
         self.log_bytes(fl_ctx, "train", incoming, diff, rnd)
-        out_meta = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: len(self.data.train)}
-        return FLModelUtils.to_shareable(FLModel(params_type=ParamsType.DIFF, params=diff, metrics=metrics, meta=out_meta, current_round=rnd))
+        n = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: len(self.data.train)}
+        return site_reply({P.PART_UPDATE: DXO(DataKind.WEIGHT_DIFF, data=diff, meta=n)},
+                          lift={MetaKey.INITIAL_METRICS: DXO(DataKind.METRICS, data=dict(metrics))}, unwrap=P.PART_UPDATE, rnd=rnd)
 
     @torch.no_grad()
     def log_cross_domain(self, fl_ctx: FLContext, syn: dict, rnd: int) -> None:

@@ -21,6 +21,8 @@ on WEIGHTS / WEIGHT_DIFF) lets every FedVCK reply pass.
 
 from nvflare.apis.dxo import DataKind
 
+from medflare.common.egress import RESULT, Send, declare
+
 TASK_CONDENSE = "condense"
 TASK_VALIDATE = "validate"
 
@@ -39,3 +41,16 @@ PARTS = {
     PART_PROTOTYPES: (LOGIT_PROTOTYPES, ("logits", "counts")),
     PART_METRICS: (DataKind.METRICS, None),
 }
+
+
+def manifest() -> dict:
+    """What a FedVCK site sends per task (the parts above; :func:`medflare.common.egress.declare`). The condensed
+    set's size follows the site's data (``fedvck.ipc_percent`` of its images per class, at least ``min_ipc``), so no
+    byte bound is computed here; the site's ``condensed`` scope caps it (``max_per_class``)."""
+    return declare({
+        TASK_CONDENSE: [Send(PART_CONDENSED, CONDENSED_SET, "condensed synthetic images (uint8) and their labels"),
+                        Send(PART_PROTOTYPES, LOGIT_PROTOTYPES, "per-class mean logits (K, K) of the received model and "
+                                                                "per-class image counts (K,)"),
+                        Send(PART_METRICS, "METRICS", "the received model's validation accuracy and case count")],
+        TASK_VALIDATE: [Send(RESULT, "METRICS", "the final model's validation and test scores", cadence="last round")],
+    })

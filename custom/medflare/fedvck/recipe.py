@@ -39,6 +39,10 @@ class FedVCKRecipe(JobRecipe):
             workflow_id="fedvck",
             executor=FedVCKExecutor(preset=preset, overrides=overrides, device=device, seed=seed),
             tasks=[P.TASK_CONDENSE, P.TASK_VALIDATE],
+            manifest=P.manifest(),
+            preset=preset,
+            overrides=overrides,
+            scope="condensed",
             server_components={"persistor": PresetModelPersistor(preset=preset, overrides=overrides, seed=seed)},
             min_clients=min_clients,
         )

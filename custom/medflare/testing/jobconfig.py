@@ -15,12 +15,17 @@ from typing import Any, Iterable, Mapping
 from medflare import ConfigError
 
 
-def components(config: dict) -> Iterable[dict]:
-    """Every component of a FLARE app config: workflows, components and executors (``{"path", "args"}`` dicts)."""
+def components(config: dict, filters: bool = False) -> Iterable[dict]:
+    """Every component of a FLARE app config: workflows, components and executors (``{"path", "args"}`` dicts), and
+    with ``filters`` the task data / result filters too."""
     for section in ("workflows", "components"):
         yield from config.get(section, [])
     for entry in config.get("executors", []):
         yield entry["executor"]
+    if filters:
+        for section in ("task_data_filters", "task_result_filters"):
+            for entry in config.get(section, []):
+                yield from entry.get("filters", [])
 
 
 def customize_job(
@@ -59,7 +64,7 @@ def customize_job(
     shutil.copytree(src, dst)
     for path in dst.glob("*/config/config_fed_*.json"):
         config = json.loads(path.read_text())
-        for comp in components(config):
+        for comp in components(config, filters=True):  # the sites' manifest check sizes its bounds from the preset
             args = comp.setdefault("args", {})
             if comp.get("path", "").startswith("medflare.") and "preset" in args:
                 if preset is not None:

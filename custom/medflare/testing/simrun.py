@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ class SimRun:
     seconds: float
     workspace: Path
     log: str
+    job: Path | None = None  # the job folder that ran (the audited copy when run_simulator added the egress recorder)
 
     @property
     def server_dir(self) -> Path:
@@ -42,6 +44,18 @@ class SimRun:
         the update guard's, under ``SIMULATOR_SERVER``)."""
         return read_scalars(self.server_dir / "tb_events")
 
+    def egress(self) -> list[dict]:
+        """What the sites sent, message by message (:mod:`medflare.testing.egress`; empty when the run was not audited)."""
+        from medflare.testing.egress import read_records
+
+        return read_records(self.workspace)
+
+    def egress_violations(self) -> list[str]:
+        """The egress rule's violations in this run, judged against the job's manifest."""
+        from medflare.testing.egress import violations
+
+        return violations(self.egress(), job_manifest(self.job) if self.job else None)
+
     def site_scalars(self) -> dict[str, dict[str, list[tuple[int, float]]]]:
         """:meth:`scalars` without the server's own folder: only what the sites streamed."""
         return {k: v for k, v in self.scalars().items() if k != SIMULATOR_SERVER}
@@ -50,6 +64,30 @@ class SimRun:
 def server_dir(workspace: str | os.PathLike) -> Path:
     """The server's run folder in a simulator workspace (``app_server`` under it holds the server's app files)."""
     return Path(workspace) / "server" / "simulate_job"
+
+
+def job_manifest(job: str | os.PathLike) -> dict | None:
+    """The manifest of what a job's sites send (its client config's ManifestFilter), or None when it declares none."""
+    for path in Path(job).glob("*/config/config_fed_client.json"):
+        for entry in json.loads(path.read_text()).get("task_result_filters", []):
+            for f in entry.get("filters", []):
+                if f.get("path", "").endswith("egress.ManifestFilter"):
+                    return f["args"]["manifest"]
+    return None
+
+
+def with_egress_recorder(job: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """A copy of ``job`` at ``dst`` whose client apps also run :class:`~medflare.testing.egress.EgressRecorder`."""
+    job, dst = Path(job), Path(dst)
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(job, dst)
+    for path in dst.glob("*/config/config_fed_client.json"):
+        config = json.loads(path.read_text())
+        config.setdefault("components", []).append({"id": "egress_recorder", "path": "medflare.testing.egress.EgressRecorder",
+                                                     "args": {}})
+        path.write_text(json.dumps(config, indent=2))
+    return dst
 
 
 def run_simulator(
@@ -62,6 +100,7 @@ def run_simulator(
     timeout: float = 900,
     env: dict[str, str] | None = None,
     local_files: dict[str, object] | None = None,
+    audit: bool = True,
 ) -> SimRun:
     """``nvflare simulator job -w workspace -n N -t N [-c names]`` with FLARE's memory advice; raises on timeout.
 
@@ -69,7 +108,11 @@ def run_simulator(
     ``{"OMP_NUM_THREADS": "1"}``) is added to the environment of the run.
     ``local_files`` (``{name: dict or text}``) are written to ``workspace/local/``, which the simulator copies into
     every site's and the server's ``local/`` (e.g. ``{"medflare_site.json": {...}}``, ``{"privacy.json": {...}}``).
+    ``audit`` (default True) runs a copy of the job with the egress recorder at every site (beside the workspace, as
+    ``<workspace>_job``), so :meth:`SimRun.egress_violations` can judge everything the sites sent.
     """
+    if audit:
+        job = with_egress_recorder(job, Path(str(workspace).rstrip("/") + "_job"))
     if local_files:
         local = Path(workspace) / "local"
         local.mkdir(parents=True, exist_ok=True)
@@ -88,7 +131,7 @@ def run_simulator(
     except subprocess.TimeoutExpired as e:
         raise MedflareError(f"simulator run of '{job}' exceeded {timeout:.0f} s:\n{(e.stdout or '')[-4000:]}") from e
     log = proc.stdout + proc.stderr
-    return SimRun(proc.returncode, time.perf_counter() - start, Path(workspace), log)
+    return SimRun(proc.returncode, time.perf_counter() - start, Path(workspace), log, Path(job))
 
 
 def read_scalars(tb_root: str | os.PathLike) -> dict[str, dict[str, list[tuple[int, float]]]]:

@@ -20,6 +20,7 @@ from nvflare.apis.workspace import Workspace
 
 from medflare import ConfigError
 from medflare.baselines.executor import SupervisedExecutor
+from medflare.common.site_errors import CAUSE_HEADER
 from medflare.common.site_executor import SiteExecutor
 from medflare.data import make_seg_site
 from medflare.data.site import confine_job_paths, job_path_roots
@@ -103,9 +104,15 @@ def _start(executor, site_ws: Path):
 def test_a_hostile_job_config_stops_the_site_before_it_writes(site_ws, tmp_path):
     target = tmp_path / "outside" / "cache"
     ex = SupervisedExecutor(preset=PRESET, device="cpu", overrides=_overrides(str(site_ws / ".." / ".." / "outside" / "cache")))
-    panics = _start(ex, site_ws)
-    assert len(panics) == 1 and "config key 'data.cache.dir'" in panics[0] and "site 'site-1'" in panics[0]
+    errors: list[str] = []
+    ex.log_error = lambda fl_ctx, msg, fire_event=False: errors.append(msg)
+    assert _start(ex, site_ws) == []  # no panic: the site stays and answers each task with the cause (issue 28: no hangs)
+    assert len(errors) == 1 and "config key 'data.cache.dir'" in errors[0] and "site 'site-1'" in errors[0]
     assert ex.data is None and not target.exists()  # refused before loading: nothing written there
+    reply = ex.execute("train", Shareable(), FLContext(), Signal())
+    assert reply.get_return_code() == ReturnCode.EXECUTION_EXCEPTION
+    cause = reply.get_header(CAUSE_HEADER)
+    assert cause.startswith("cannot start: site 'site-1': config key 'data.cache.dir'") and "\n" not in cause
 
 
 def test_a_job_config_inside_the_workspace_starts_and_caches_there(site_ws):

@@ -32,3 +32,9 @@ def repo() -> Path:
 @pytest.fixture(scope="session")
 def python_bin() -> str:
     return sys.executable
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``last`` run after every other test of the session (the session-wide egress audit reads the
+    simulator runs the other tests made)."""
+    items.sort(key=lambda item: item.get_closest_marker("last") is not None)

@@ -245,6 +245,23 @@ def cmd_baseline(args) -> dict[str, Any]:
     return result
 
 
+def cmd_audit(args) -> dict[str, Any]:
+    from medflare.common.egress import audit_job
+
+    audit = audit_job(args.job)
+    print(f"job '{audit['job']}' (preset '{audit['preset']}') runs under the sites' privacy scope '{audit['scope']}'; "
+          "each site sends, per task, only these parts (a site refuses anything else):")
+    print(f"  {'task':<18} {'part':<24} {'kind':<22} {'at most':>12}  {'cadence':<13} what")
+    for r in audit["parts"]:
+        bound = f"{r['max_bytes']:,} B" if r["max_bytes"] is not None else ("numbers" if r["kind"] == "METRICS" else "-")
+        print(f"  {r['task']:<18} {r['part']:<24} {r['kind']:<22} {bound:>12}  {r['cadence']:<13} {r['what']}")
+    print(f"at most {audit['max_bytes_per_round']:,} B per site and round in the parts sent every round with a bound"
+          + (f"; no bound computed for {', '.join(audit['unbounded'])} (sized by the job's settings and the site's data)"
+             if audit["unbounded"] else ""))
+    print(f"analytics: {audit['analytics']}")
+    return audit
+
+
 def cmd_report(args) -> dict[str, Any]:
     from medflare.report.build import plan, report
 
@@ -352,6 +369,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", dest="out_json", help="write the results table as JSON")
     add_sites(p)
     p.set_defaults(func=cmd_baseline)
+
+    p = sub.add_parser("audit", help="what a job's sites will send (parts, kinds, byte bounds, cadence), before approving it",
+                       description="Print the job folder's declared manifest of what leaves each site, with the byte bounds "
+                                   "at the job's preset, its privacy scope and the analytics rule (app_configs/README.md).")
+    p.add_argument("job", type=Path, help="a job folder, e.g. jobs/fedavg")
+    p.add_argument("--out", dest="out_json", help="write the audit as JSON")
+    p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser("report", help="every algorithm and baseline on the same sites: REPORT.md, CSV, JSON, figures",
                        description="Run (or reuse) each method's job in the FLARE simulator on the same sites and score it "

@@ -21,7 +21,7 @@ from medflare.fediod.teacher import load_teacher
 from medflare.data import load_site
 from medflare.presets import get_preset
 from medflare.testing.jobconfig import customize_job
-from medflare.testing.simrun import count_images, run_simulator
+from medflare.testing.simrun import run_simulator
 
 pytestmark = pytest.mark.slow
 
@@ -170,4 +170,7 @@ def test_segmentation_job(repo, tmp_path):
     assert list((tmp_path / "samples").glob("*_synthetic.nii.gz"))
     dice = dict(run.scalars()["simulator_server"]["student/val_dice"])
     assert dice[2] > dice[0], f"the student did not learn: validation Dice per round {dice}"
-    assert count_images(run.server_dir / "tb_events") >= 2  # generated samples with their label maps, per round
+    # generated samples (the server's own pictures) on the server; the students' overlays of site data stay at the sites
+    assert run.images().get("simulator_server", 0) >= 2 and not any(run.images().get(s) for s in CLIENTS), run.images()
+    assert all(run.site_images().get(s, 0) >= 1 for s in CLIENTS), run.site_images()
+    assert run.egress_violations() == []

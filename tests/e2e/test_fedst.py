@@ -26,7 +26,7 @@ from medflare.metrics import dice
 from medflare.nets import build_from_spec
 from medflare.presets import get_preset
 from medflare.testing.jobconfig import customize_job
-from medflare.testing.simrun import count_images, run_simulator
+from medflare.testing.simrun import run_simulator
 
 pytestmark = pytest.mark.slow
 
@@ -132,7 +132,10 @@ def _check_common(run, variant, tmp_path):
         first, last = val[min(val)], val[max(val)]
         assert last > first + 0.2, f"{site}: validation Dice {val}"
         assert {"comm/train_sent_bytes", "comm/train_generator_sent_bytes", "train/loss_cds", "final/test_dice"} <= set(scalars[site])
-    assert count_images(run.server_dir / "tb_events") >= 2 * len(CLIENTS)
+    # real-vs-synthetic panels and cross-domain overlays stay in each site's own TensorBoard (no site opted in)
+    assert sum(run.site_images().get(site, 0) for site in CLIENTS) >= 2 * len(CLIENTS), run.site_images()
+    assert not any(run.images().get(site) for site in CLIENTS), run.images()
+    assert run.egress_violations() == []
 
     ledger = json.loads((run.app_server / "communication.json").read_text())["summary"]
     assert ledger["measured_generator_bytes"] == ledger["predicted_generator_bytes"] > 0

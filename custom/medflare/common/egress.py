@@ -22,7 +22,9 @@ Three pieces:
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -296,3 +298,40 @@ class ManifestFilter(Filter):
 def describe(manifest: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One row per declared part: task, part, kind, max_bytes, cadence, what (``medflare audit``'s table)."""
     return [{"task": task, "part": part, **spec} for task, entry in manifest.items() for part, spec in entry["parts"].items()]
+
+
+def job_manifest_filter(job: str | Path) -> dict | None:
+    """The args (manifest, preset, overrides) of a job folder's ManifestFilter (client config), or None when it has none."""
+    for path in sorted(Path(job).glob("*/config/config_fed_client.json")):
+        for entry in json.loads(path.read_text()).get("task_result_filters", []):
+            for f in entry.get("filters", []):
+                if f.get("path", "").endswith("egress.ManifestFilter"):
+                    return dict(f["args"])
+    return None
+
+
+def audit_job(job: str | Path) -> dict[str, Any]:
+    """What a job folder's sites will send, for a site operator before approving it: its privacy scope, the manifest's
+    parts with byte bounds resolved at the job's preset, the bytes a site sends per round at most (parts sent every
+    round with a bound), the parts without a computed bound, and the analytics channel's rule. ConfigError when the
+    folder is no job or declares no manifest."""
+    from medflare import ConfigError
+
+    folder = Path(job)
+    if not (folder / "meta.json").is_file():
+        raise ConfigError(f"'{folder}' is not a FLARE job folder (no meta.json)")
+    args = job_manifest_filter(folder)
+    if args is None:
+        raise ConfigError(f"job '{folder}' declares no manifest of what its sites send (no medflare ManifestFilter in its "
+                          "client config): a site should not approve it")
+    preset = args.get("preset", "")
+    manifest = resolve_bounds(args["manifest"], preset_model_bytes(preset, args.get("overrides")) if preset else 0)
+    rows = describe(manifest)
+    per_round = sum(r["max_bytes"] for r in rows if r["cadence"] == "every round" and r["max_bytes"] is not None)
+    meta = json.loads((folder / "meta.json").read_text())
+    return {"job": meta.get("name", folder.name), "scope": meta.get("scope", ""), "preset": preset, "parts": rows,
+            "max_bytes_per_round": per_round,
+            "unbounded": [f"{r['task']}/{r['part']}" for r in rows if r["max_bytes"] is None and r["kind"] != "METRICS"],
+            "analytics": "scalars stream to the server's TensorBoard unless the site's medflare_site.json sets "
+                         "privacy.stream_scalars false; pictures of the site's data stay in the site's own TensorBoard "
+                         "unless it sets privacy.stream_images true"}

@@ -26,7 +26,7 @@ from medflare.common.component import keep_args
 from medflare.common.compute import ComputeShare, apply_threads, compute_share
 from medflare.common.site_config import read_site_config, setting
 from medflare.common.site_errors import error_reply
-from medflare.common.tracking import SiteTracker
+from medflare.common.tracking import SiteTracker, StreamPolicy
 from medflare.common.training import batch_size_for, make_loader, one_line, pick_device
 from medflare.data import SiteData, load_site
 from medflare.data.site import confine_job_paths, job_path_roots
@@ -51,7 +51,8 @@ class SiteExecutor(Executor):
         overrides: nested dict merged into the preset, e.g. ``{"train": {"epochs": 2}}``. Default none.
         device: "auto" (GPU when present), "cpu" or "cuda:N". Default "auto".
         seed: seed for model initialisation and batch order. Default 0.
-        num_overlays: validation cases shown as segmentation overlays in TensorBoard. Default 2.
+        num_overlays: validation cases shown as segmentation overlays in TensorBoard (the site's own, unless its operator
+            lets pictures stream: :mod:`medflare.common.tracking`). Default 2.
         overlay_every: rounds between overlay images (the first and last rounds always get one). Default 5.
 
     The machine is the site's to describe: at START_RUN the executor takes its share of the CPU cores
@@ -107,6 +108,7 @@ class SiteExecutor(Executor):
                 # the job's paths (data.cache.dir, ...) may only point into this site's workspace and cache folder
                 self.cfg = confine_job_paths(self.cfg, job_path_roots(workspace.get_root_dir() if workspace else None), self.site)
                 self.site_config = read_site_config(local_dir, self.site)
+                self.tracker.policy = StreamPolicy.from_site_config(self.site_config, self.site)  # the site's, not the job's
                 self._take_machine_share(fl_ctx)
                 self.data = load_site(self.site, self.cfg["data"], local_dir=local_dir)
                 torch.manual_seed(self.seed)
@@ -123,6 +125,7 @@ class SiteExecutor(Executor):
                 f"(train {len(self.data.train)}, val {len(self.data.val)}, test {len(self.data.test)}), device {self.torch_device}, "
                 f"batch size {self.cfg['train']['batch_size']}; {self.compute.describe(self._threads)}",
             )
+            self.log_info(fl_ctx, f"site '{self.site}' {self.tracker.policy.describe()}")
         elif event_type == EventType.END_RUN and self.site:
             self.log_info(fl_ctx, f"site '{self.site}': {peak_memory()}")
 

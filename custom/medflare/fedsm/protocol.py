@@ -73,5 +73,6 @@ def manifest() -> dict:
                      Send(STATS_PART, "STATISTICS", "the selector's feature Gaussian of the site: mean, covariance, counts"),
                      Send(HEAD_PART, "WEIGHT_DIFF", "one gradient step of the selector head (FedSM-extra rounds)", models=1),
                      scores],
-        TASK_VALIDATE: [Send(METRICS_PART, "METRICS", "the final super model's scores", cadence="last round"), scores],
+        TASK_VALIDATE: [Send(METRICS_PART, "METRICS", "the final super model's scores", cadence="last round"),
+                        Send(MetaKey.INITIAL_METRICS, "METRICS", scores.what, cadence="last round")],
     })

@@ -19,6 +19,8 @@ from medflare import MedflareError
 
 
 SIMULATOR_SERVER = "simulator_server"  # the name the FLARE simulator gives the server (its tb_events folder)
+#: every audited run of this process (a test session), for the session-wide egress audit (tests/e2e/test_egress_audit.py)
+AUDITED: list["SimRun"] = []
 
 
 @dataclass
@@ -44,6 +46,21 @@ class SimRun:
         the update guard's, under ``SIMULATOR_SERVER``)."""
         return read_scalars(self.server_dir / "tb_events")
 
+    @property
+    def job_name(self) -> str:
+        """The job's name (its meta.json), e.g. "fedavg"."""
+        return json.loads((self.job / "meta.json").read_text())["name"] if self.job else ""
+
+    def images(self) -> dict[str, int]:
+        """Image summaries in the server's TensorBoard by folder (``{site or server name: count}``)."""
+        return image_counts(self.server_dir / "tb_events")
+
+    def site_images(self) -> dict[str, int]:
+        """Image summaries each site kept in its own TensorBoard (``<ws>/<site>/simulate_job/tb_events/<site>``)."""
+        return {site.name: image_counts(site / "simulate_job" / "tb_events").get(site.name, 0)
+                for site in sorted(self.workspace.iterdir()) if site.is_dir() and (site / "simulate_job").is_dir()
+                and site.name != "server"}
+
     def egress(self) -> list[dict]:
         """What the sites sent, message by message (:mod:`medflare.testing.egress`; empty when the run was not audited)."""
         from medflare.testing.egress import read_records
@@ -68,12 +85,10 @@ def server_dir(workspace: str | os.PathLike) -> Path:
 
 def job_manifest(job: str | os.PathLike) -> dict | None:
     """The manifest of what a job's sites send (its client config's ManifestFilter), or None when it declares none."""
-    for path in Path(job).glob("*/config/config_fed_client.json"):
-        for entry in json.loads(path.read_text()).get("task_result_filters", []):
-            for f in entry.get("filters", []):
-                if f.get("path", "").endswith("egress.ManifestFilter"):
-                    return f["args"]["manifest"]
-    return None
+    from medflare.common.egress import job_manifest_filter
+
+    args = job_manifest_filter(job)
+    return args["manifest"] if args else None
 
 
 def with_egress_recorder(job: str | os.PathLike, dst: str | os.PathLike) -> Path:
@@ -131,7 +146,10 @@ def run_simulator(
     except subprocess.TimeoutExpired as e:
         raise MedflareError(f"simulator run of '{job}' exceeded {timeout:.0f} s:\n{(e.stdout or '')[-4000:]}") from e
     log = proc.stdout + proc.stderr
-    return SimRun(proc.returncode, time.perf_counter() - start, Path(workspace), log, Path(job))
+    run = SimRun(proc.returncode, time.perf_counter() - start, Path(workspace), log, Path(job))
+    if audit:
+        AUDITED.append(run)
+    return run
 
 
 def read_scalars(tb_root: str | os.PathLike) -> dict[str, dict[str, list[tuple[int, float]]]]:
@@ -151,13 +169,19 @@ def read_scalars(tb_root: str | os.PathLike) -> dict[str, dict[str, list[tuple[i
     return out
 
 
-def count_images(tb_root: str | os.PathLike) -> int:
-    """Number of image summaries under ``tb_root`` (segmentation overlays, samples, condensed sets)."""
+def image_counts(tb_root: str | os.PathLike) -> dict[str, int]:
+    """Number of image summaries under each ``tb_root/<folder>/`` (segmentation overlays, samples, condensed sets)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    total = 0
-    for site_dir in (p for p in Path(tb_root).iterdir() if p.is_dir()):
+    out = {}
+    root = Path(tb_root)
+    for site_dir in (sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []):
         acc = EventAccumulator(str(site_dir), size_guidance={"images": 0})
         acc.Reload()
-        total += sum(len(acc.Images(t)) for t in acc.Tags().get("images", []))
-    return total
+        out[site_dir.name] = sum(len(acc.Images(t)) for t in acc.Tags().get("images", []))
+    return out
+
+
+def count_images(tb_root: str | os.PathLike) -> int:
+    """Number of image summaries under ``tb_root`` (all its folders)."""
+    return sum(image_counts(tb_root).values())

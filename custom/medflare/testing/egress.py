@@ -233,7 +233,8 @@ def violations(records: Iterable[dict], manifest: Mapping[str, Any] | None) -> l
             out.append(f"{where}: task '{task}' is not in the job's manifest")
             continue
         for name, part in dxo["parts"].items():
-            out += [f"{where}: array in the meta of part '{name}': {a}" for a in _big(part.get("meta_arrays", []))]
+            if dxo["kind"] == "COLLECTION":  # a one-DXO reply's meta was judged above
+                out += [f"{where}: array in the meta of part '{name}': {a}" for a in _big(part.get("meta_arrays", []))]
             if declared is not None and (name not in declared or declared[name]["kind"] != part["kind"]):
                 out.append(f"{where}: part '{name}' ({part['kind']}) of task '{task}' is not declared")
     return out

@@ -1,5 +1,6 @@
 """medflare report without running jobs: the traffic meter and its summary, the filter chains it joins, the
-tables (per-seed spread and ties), the bytes axis of the figures, resume from records, the plan of rows."""
+every-channel byte count from the egress records, the tables (per-seed spread and ties), the bytes axis of the
+figures, resume from records, the plan of rows."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from medflare.report.build import plan, write
 from medflare.report.figures import bytes_axis
 from medflare.report.methods import METHODS, methods_for
 from medflare.report.tables import mark_ties, markdown, summary_row
-from medflare.report.traffic import LEDGER, TrafficMeter, meter_filters, read_ledger, summarize
+from medflare.report.traffic import LEDGER, TrafficMeter, meter_filters, read_ledger, summarize, summarize_egress
+from medflare.testing.egress import describe_payload, egress_bytes, message_bytes
 
 
 def _row(t, d, site, rnd, b, kinds=("WEIGHTS",)):
@@ -72,11 +74,59 @@ def test_meters_join_the_existing_chains_once_per_task():
     assert validate == {"tasks": ["validate"], "filters": [{"path": "medflare.report.traffic.TrafficMeter", "args": {"direction": "down"}}]}
 
 
-def _record(method, seed, avg, sites=("s1", "s2"), task="cls", traffic=True):
+def _event(value):
+    from nvflare.apis.analytix import AnalyticsDataType, LogWriterName
+    from nvflare.apis.utils.analytix_utils import create_analytic_dxo
+
+    kind = AnalyticsDataType.IMAGE if isinstance(value, np.ndarray) else AnalyticsDataType.SCALAR
+    return create_analytic_dxo(tag="t", value=value, data_type=kind, writer=LogWriterName.TORCH_TB, global_step=0).to_shareable()
+
+
+def _sent(site, channel, topic, payload, method="send_request"):
+    """One egress recorder row (:class:`medflare.testing.egress.EgressRecorder`) of ``site`` sending ``payload``."""
+    return {"site": site, "method": method, "channel": channel, "topic": topic, **describe_payload(payload)}
+
+
+def test_every_channel_counts_events_and_aux_beside_task_results_and_download_chunks_once():
+    from nvflare.apis.shareable import Shareable
+
+    reply = collection({"update": DXO(DataKind.WEIGHT_DIFF, data={"w": np.zeros(200, np.float32)}),  # 800 B
+                        "scores": DXO(DataKind.METRICS, data={"dice": 0.5})}).to_shareable()
+    reply.set_header("__task_name__", "train")
+    # a DXO that is not a COLLECTION is recorded as its own single part: its meta array counts once, not twice
+    plain = DXO(DataKind.WEIGHT_DIFF, data={"w": np.zeros(5, np.float32)}, meta={"c": np.zeros(5, np.float32)}).to_shareable()
+    aux = Shareable()
+    aux["probe"] = np.zeros(10, np.float64)  # 80 B outside any DXO on an aux channel
+    records = [{"site": "site-1", "start": True, "stream_images": True},
+               _sent("site-1", "server_command", "submit_update", reply),
+               _sent("site-1", "aux_communication", "fed.event", _event(np.zeros((3, 32, 32), np.uint8)), "fire_and_forget"),
+               _sent("site-1", "aux_communication", "fed.event", _event(0.5), "fire_and_forget"),
+               _sent("site-1", "aux_communication", "medflare.task_ready", aux, "broadcast_request"),
+               # the server pulling a large result: chunks of the reply above, already counted whole
+               _sent("site-1", "download_service__", "download_service__download", b"\0" * 4096, "reply"),
+               _sent("site-2", "server_command", "submit_update", plain),
+               {"site": "site-2", "method": "send_request", "recorder_error": "boom"}]
+    assert message_bytes(records[1]) == 800 and message_bytes(records[6]) == 40
+    assert egress_bytes(records) == {"server_command/submit_update": 840, "aux_communication/fed.event": 3 * 32 * 32,
+                                     "aux_communication/medflare.task_ready": 80, "download_service__/download_service__download": 0}
+    assert egress_bytes(records, "site-2") == {"server_command/submit_update": 40}
+    s = summarize_egress(records, {"site-1": 2, "site-2": 2})
+    assert s["total"] == 840 + 3072 + 80 and s["per_site_round"] == pytest.approx(s["total"] / 4)
+    assert s["per_site"]["site-1"]["aux_communication/fed.event"] == 3072 and s["chunks"] == 1
+    assert s["messages"]["aux_communication/fed.event"] == 2
+    assert s["kinds"] == ["METRICS", "WEIGHT_DIFF"] and s["events"] == ["image", "scalar"]
+    assert s["other"] == ["aux_communication/medflare.task_ready"]
+    assert summarize_egress([records[0]]) is None  # a run not audited: nothing to count
+
+
+def _record(method, seed, avg, sites=("s1", "s2"), task="cls", traffic=True, egress=True):
     per = {s: {"accuracy": avg + (0.01 if i else -0.01)} for i, s in enumerate(sites)}
     t = {"per_site_round": {"up": 1000.0, "down": 2000.0}, "total": {"up": 4000, "down": 8000},
          "kinds": {"up": ["WEIGHT_DIFF"], "down": ["WEIGHTS"]},
-         "per_site": {s: {"0": {"up": 500, "down": 1000}, "1": {"up": 500, "down": 1000}} for s in sites}}
+         "per_site": {s: {"0": {"up": 500, "down": 1000}, "1": {"up": 500, "down": 1000}} for s in sites},
+         # every channel: the task results plus 500 B of analytics events per site and round
+         "egress": {"per_site_round": 1500.0, "total": 6000, "kinds": ["METRICS", "WEIGHT_DIFF"], "events": ["scalar"],
+                    "other": []} if egress else None}
     return {"method": method, "label": method.upper(), "task": task, "skew": 0.5, "seed": seed, "sites": list(sites), "rounds": 2,
             "mode": "quick", "preset": "p", "local_epochs": 1, "scores": {"sites": per, "client_average": {"accuracy": avg},
             "global": {"accuracy": avg}}, "curve": [avg / 2, avg], "traffic": t if traffic else None, "seconds": 10.0,
@@ -97,10 +147,14 @@ def test_tables_mean_and_spread_over_seeds_and_mark_what_the_spread_cannot_separ
     assert [r.get("tie") for r in rows + [central]] == [False, True, False, False]
     md = markdown(rows, "cls", ["s1", "s2"])
     assert "| A | 0, 1 | 84.00 | 86.00 | 85.00 +- 7.07 |" in md and "| B ~ | 0, 1 |" in md
-    assert "1.0 kB | 2.0 kB | 0.01 MB | WEIGHT_DIFF | 10 | 4 | 450 | - |" in md
+    assert "every channel" in md.splitlines()[0]
+    assert "1.0 kB | 1.5 kB | 2.0 kB | 0.01 MB | METRICS, WEIGHT_DIFF; analytics: scalar | 10 | 4 | 450 | - |" in md
+    # a record from before the egress recorder: task results only, the every-channel cells say it was not counted
+    old = summary_row([{**_record("o", 0, 0.5), "traffic": {**_record("o", 0, 0.5)["traffic"], "egress": None}}])
+    assert "| 1.0 kB | - | 2.0 kB | - | WEIGHT_DIFF | 10 |" in markdown([old], "cls", ["s1", "s2"])
     assert summary_row([_record("dp", 0, 0.5)])["epsilon"] == 2.0
     on_gpu = summary_row([{**_record("g", 0, 0.5), "device": "GPU NVIDIA H100"}])
-    assert "| WEIGHT_DIFF | 10 (GPU) | 4 (GPU) |" in markdown([on_gpu], "cls", ["s1", "s2"])  # GPU timings marked
+    assert "| 10 (GPU) | 4 (GPU) |" in markdown([on_gpu], "cls", ["s1", "s2"])  # GPU timings marked
 
 
 def test_bytes_axis_counts_what_was_sent_before_each_point():

@@ -5,6 +5,7 @@ arguments) in the FLARE simulator with a :class:`~medflare.report.traffic.Traffi
 :class:`PeakMemory` samples the resident memory of every process of the run. :func:`run_row` turns a
 :class:`~medflare.report.methods.Method` into a record (a JSON-able dict): scores from ``medflare evaluate`` on the
 sites' test splits (the same scoring for every row), the learning curve, bytes each way per site and round,
+every channel's bytes each site sent (the egress recorder's, :func:`~medflare.report.traffic.summarize_egress`),
 what kinds of payload left the sites, wall time, compute on the critical path and FLARE overhead (see
 :mod:`medflare.report.traffic`), peak memory per site process, and each site's epsilon where the result holds
 one. A record is written to disk and reused by the next run unless ``rerun`` (resume after an interruption).
@@ -27,7 +28,7 @@ from typing import Any, Callable, Mapping
 from medflare import MedflareError
 from medflare.presets import get_preset
 from medflare.report.methods import SCORE_METRICS, Method, method_mode, task_data
-from medflare.report.traffic import LEDGER, meter_filters, read_ledger, summarize
+from medflare.report.traffic import LEDGER, meter_filters, read_ledger, summarize, summarize_egress
 
 
 class _Polling:
@@ -132,18 +133,24 @@ def run_job(name: str, work: Path, sites: list[str], *, preset: str, overrides: 
             workflow_args: Mapping[str, Any] | None = None, seed: int | None = None, timeout: float = 6 * 3600,
             env: Mapping[str, str] | None = None, on_round: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Run job ``name`` in the simulator on ``sites``; returns the SimRun, traffic summary and peak memory.
+    The run carries the egress recorder at every site (``audit``): the traffic summary's ``egress`` counts what the
+    sites sent on every channel, not only task results (None when nothing was recorded).
     ``on_round(r)`` is called as the server starts handing out round ``r``'s tasks (:class:`RoundProgress`)."""
+    from medflare.testing.egress import FILE_NAME as EGRESS_FILE
     from medflare.testing.simrun import run_simulator, server_dir
 
     job = export_job(name, work / "job", preset=preset, overrides=overrides, workflow_args=workflow_args or {}, seed=seed)
     ws = work / "ws"
     ledger = server_dir(ws) / "app_server" / LEDGER
     ledger.unlink(missing_ok=True)  # a rerun's progress must not be read from the last run's ledger
+    for old in ws.glob(f"*/simulate_job/{EGRESS_FILE}"):  # nor its bytes from the last run's egress records (appended)
+        old.unlink()
     with PeakMemory(str(ws)) as memory, RoundProgress(ledger, on_round or (lambda r: None)):
-        run = run_simulator(job, ws, len(sites), clients=sites, timeout=timeout, env=dict(env or {}))
+        run = run_simulator(job, ws, len(sites), clients=sites, timeout=timeout, env=dict(env or {}), audit=True)
     if run.returncode != 0 or "EXECUTION_EXCEPTION" in run.log:
         raise MedflareError(f"job '{name}' failed in the simulator (workspace {ws}):\n{run.log[-3000:]}")
     traffic = summarize(read_ledger(run.app_server / LEDGER))
+    traffic["egress"] = summarize_egress(run.egress(), {s: len(r) for s, r in traffic["per_site"].items()})
     return {"run": run, "traffic": traffic, "peak_mb": memory.peak}
 
 

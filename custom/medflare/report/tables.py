@@ -2,8 +2,10 @@
 
 One table per task (and label skew for classification), one line per method: the key metric per site, its client
 average (sites weighted equally) and global value (cases weighted equally), HD95 for segmentation, then what the
-method cost: bytes per site and round up (site -> server) and down, the total over the job, the kinds of payload
-that left the sites, wall time, FLARE overhead, peak memory of the largest site process, and epsilon where DP was
+method cost: bytes per site and round up (site -> server) in task results and on every channel (task results,
+analytics events, aux messages: the egress recorder's count), and down, the total over the job (every channel up,
+task data down), what left the sites on every channel (the task results' kinds, the analytics events' types, any
+other channel that carried arrays), wall time, FLARE overhead, peak memory of the largest site process, and epsilon where DP was
 on. Each line names its seeds (a long run may have more for its cheap rows than for its costly ones); with several
 seeds a cell is mean +- standard deviation over seeds, and a federated method whose client average is
 within the larger of the two spreads of the best federated method's is marked ``~`` (not distinguishable at this
@@ -63,7 +65,12 @@ def summary_row(runs: list[Mapping[str, Any]]) -> dict[str, Any]:
     row["up_B_per_site_round"] = _mean_sd([t["per_site_round"]["up"] for t in traffic])[0] if traffic else 0.0
     row["down_B_per_site_round"] = _mean_sd([t["per_site_round"]["down"] for t in traffic])[0] if traffic else 0.0
     row["total_MB"] = _mean_sd([(t["total"]["up"] + t["total"]["down"]) / 1e6 for t in traffic])[0] if traffic else 0.0
-    row["sent"] = ", ".join(traffic[0]["kinds"]["up"]) if traffic else "nothing (no federation)"
+    # every channel a site sent on (task results, analytics events, aux messages), where the run was audited
+    audited = [t for t in traffic if t.get("egress")]
+    row["up_all_B_per_site_round"] = _mean_sd([t["egress"]["per_site_round"] for t in audited
+                                               if t["egress"]["per_site_round"] is not None])[0] if audited else 0.0
+    row["total_all_MB"] = _mean_sd([(t["egress"]["total"] + t["total"]["down"]) / 1e6 for t in audited])[0] if audited else 0.0
+    row["sent"] = what_left(traffic[0]) if traffic else "nothing (no federation)"
     row["federated"] = bool(traffic)  # a standalone (local / centralised) row sends nothing
     row["wall_s"], _ = _mean_sd([r["seconds"] for r in runs])
     row["overhead_s"], _ = _mean_sd([r["overhead_s"] for r in runs])
@@ -90,6 +97,20 @@ def mark_ties(rows: list[dict[str, Any]]) -> None:
         r["tie"] = r is not best and len(r["seeds"]) > 1 and spread > 0 and best["client_average"] - r["client_average"] <= spread
 
 
+def what_left(traffic: Mapping[str, Any]) -> str:
+    """What the sites sent on every channel: the task results' part kinds, then ``analytics: <types>`` and any other
+    channel whose messages carried arrays; from the task-result meter alone (kinds only) for a run not audited."""
+    egress = traffic.get("egress")
+    if not egress:
+        return ", ".join(traffic["kinds"]["up"])
+    out = [", ".join(egress["kinds"]) or "no task results"]
+    if egress["events"]:
+        out.append("analytics: " + ", ".join(egress["events"]))
+    if egress.get("other"):
+        out.append("also " + ", ".join(egress["other"]))
+    return "; ".join(out)
+
+
 def _pct(v: float, sd: float | None = None) -> str:
     if v != v:
         return "-"
@@ -103,7 +124,8 @@ def _bytes(v: float) -> str:
 def markdown(rows: list[dict[str, Any]], task: str, sites: list[str]) -> str:
     key = key_metric(task)
     head = ["method", "seeds", *sites, "client avg", "global"] + (["HD95"] if task == "seg" else []) + [
-        "up / site / round", "down / site / round", "total", "what left the sites", "wall s", "FLARE overhead s",
+        "up / site / round (task results)", "up / site / round (every channel)", "down / site / round",
+        "total (every channel up, task data down)", "what left the sites (every channel)", "wall s", "FLARE overhead s",
         "peak MB / site", "epsilon"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -113,8 +135,8 @@ def markdown(rows: list[dict[str, Any]], task: str, sites: list[str]) -> str:
         if task == "seg":
             cells.append("-" if r["hd95"] != r["hd95"] else f"{r['hd95']:.2f}")
         gpu = " (GPU)" if "GPU" in r.get("device", "cpu") else ""  # timings on a GPU are marked as GPU figures
-        cells += [_bytes(r["up_B_per_site_round"]), _bytes(r["down_B_per_site_round"]),
-                  "-" if not r["total_MB"] else f"{r['total_MB']:.2f} MB", r["sent"], f"{r['wall_s']:.0f}{gpu}",
+        cells += [_bytes(r["up_B_per_site_round"]), _bytes(r.get("up_all_B_per_site_round", 0.0)), _bytes(r["down_B_per_site_round"]),
+                  "-" if not r.get("total_all_MB") else f"{r['total_all_MB']:.2f} MB", r["sent"], f"{r['wall_s']:.0f}{gpu}",
                   f"{r['overhead_s']:.0f}{gpu}", "-" if r["peak_site_MB"] != r["peak_site_MB"] else f"{r['peak_site_MB']:.0f}",
                   _epsilon(r["epsilon"])]
         lines.append("| " + " | ".join(cells) + " |")

@@ -13,6 +13,11 @@ instrument (it reads, never changes, a payload).
 received minus task handed out). The compute on the critical path is, summed over the job's exchanges (a task of a
 round; FedIOD and FedST-join have several per round), the slowest site's time in that exchange; the report's "FLARE
 overhead" is the job's wall time minus it: start-up, messaging, server-side aggregation or training, scoring.
+
+The meter sees task results only. What a site sends on every channel (task results, analytics events, aux messages,
+FLARE's download service) is recorded at the site's cell by the egress recorder the simulator runs add
+(:mod:`medflare.testing.egress`); :func:`summarize_egress` totals those records per site and channel, each payload
+once (a download chunk is a piece of a payload counted whole), for the report's every-channel byte columns.
 """
 
 from __future__ import annotations
@@ -133,3 +138,38 @@ def summarize(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     per_site_round = {d: (total[d] / sum(rounds.values()) if sum(rounds.values()) else 0.0) for d in DIRECTIONS}
     return {"per_site": {s: dict(per_site[s]) for s in sites}, "total": total, "per_site_round": per_site_round,
             "kinds": {d: sorted(k) for d, k in kinds.items()}, "busy_s": dict(busy), "compute_s": sum(exchanges.values())}
+
+
+#: "channel/topic" prefixes of the egress records that are task results or analytics events (the rest: aux, downloads)
+KNOWN_PAYLOAD_CHANNELS = ("server_command/submit_update", "task/", "aux_communication/fed.event")
+
+
+def summarize_egress(records: Iterable[Mapping[str, Any]], rounds: Mapping[str, int] | None = None) -> dict[str, Any] | None:
+    """Every channel's bytes from a run's egress records (:func:`medflare.testing.egress.read_records`), or None when
+    the run recorded nothing: ``per_site`` ``{site: {"channel/topic": bytes}}``, ``by_channel`` and ``messages`` (count)
+    over all sites, ``total`` bytes, ``per_site_round`` (total over the rounds each site took part in, ``rounds``
+    ``{site: n}`` as the meter counted them; the records carry no round, so this is an average), the data ``kinds``
+    of the task results' parts, the analytics ``events`` types (scalar, image, ...), ``other`` channels that carried
+    arrays (neither task results nor analytics events), and the download ``chunks`` left uncounted."""
+    from medflare.testing.egress import DOWNLOAD_CHANNEL, egress_bytes, sent_messages
+
+    sent = sent_messages(records)
+    if not sent:
+        return None
+    sites = sorted({str(r.get("site", "?")) for r in sent})
+    messages: dict[str, int] = defaultdict(int)
+    kinds, events = set(), set()
+    for r in sent:
+        messages[f"{r['channel']}/{r['topic']}"] += 1
+        dxo = r.get("dxo") or {}
+        if dxo.get("analytics_type"):
+            events.add(dxo["analytics_type"].rsplit(".", 1)[-1].lower())
+        elif dxo:
+            kinds.update(p["kind"] for p in dxo.get("parts", {}).values())
+    by_channel = egress_bytes(sent)
+    total = sum(by_channel.values())
+    n_rounds = sum((rounds or {}).get(s, 0) for s in sites)
+    return {"per_site": {s: egress_bytes(sent, s) for s in sites}, "by_channel": by_channel, "messages": dict(messages),
+            "total": total, "per_site_round": total / n_rounds if n_rounds else None, "kinds": sorted(kinds),
+            "events": sorted(events), "other": [c for c, b in by_channel.items() if b and not c.startswith(KNOWN_PAYLOAD_CHANNELS)],
+            "chunks": sum(1 for r in sent if r.get("type") == "bytes" and r["channel"] == DOWNLOAD_CHANNEL)}

@@ -14,7 +14,8 @@ pictures (``privacy.stream_images``), and every channel must be one of FLARE's o
 (:data:`CHANNELS`). Payload chunks (FLARE's object download) are bytes of a message already judged whole.
 
 :func:`medflare.testing.simrun.run_simulator` adds the recorder to every job it runs and :meth:`SimRun.egress` reads the
-records, so every simulator run of the test suite is audited (tests/e2e/test_egress_audit.py).
+records, so every simulator run of the test suite is audited (tests/e2e/test_egress_audit.py). :func:`egress_bytes`
+totals a run's records by channel (each payload once); the report's byte columns use it.
 """
 
 from __future__ import annotations
@@ -242,3 +243,56 @@ def violations(records: Iterable[dict], manifest: Mapping[str, Any] | None) -> l
 
 def _all_arrays(dxo: Mapping[str, Any]) -> list[dict]:
     return [a for part in dxo["parts"].values() for a in part.get("arrays", [])] + dxo["meta_arrays"]
+
+
+# ---- counting the records' bytes ----------------------------------------------------------------------------------
+#: FLARE's object download: a site's replies on it are chunks of a payload whose arrays were counted whole when it was sent
+DOWNLOAD_CHANNEL = "download_service__"
+
+
+def _itemsize(dtype: str) -> int:
+    """Bytes per element of a recorded dtype (``float32``, ``torch.bfloat16``, ``bytes``, ...)."""
+    if dtype == "bytes":
+        return 1
+    if dtype.startswith("torch."):
+        return getattr(torch, dtype.removeprefix("torch.")).itemsize
+    return np.dtype(dtype).itemsize
+
+
+def record_arrays(record: Mapping[str, Any]) -> list[dict]:
+    """Every array a record describes, each once: headers, a COLLECTION's own meta, each part's data and meta (a DXO
+    that is not a COLLECTION is recorded as its own single part, so its meta is counted with the part), loose arrays."""
+    if record.get("type") == "bytes":
+        return []
+    if record.get("type") != "Shareable":
+        return list(record.get("arrays", []))
+    dxo = record.get("dxo")
+    if dxo is None:
+        return [*record.get("header_arrays", []), *record.get("loose_arrays", [])]
+    own = dxo.get("meta_arrays", []) if dxo.get("kind") == DataKind.COLLECTION.value else []
+    parts = [a for part in dxo.get("parts", {}).values() for a in (*part.get("meta_arrays", []), *part.get("arrays", []))]
+    return [*record.get("header_arrays", []), *own, *parts]
+
+
+def message_bytes(record: Mapping[str, Any]) -> int:
+    """Payload bytes of one recorded message: its arrays (elements x item size) or its raw byte length; 0 for a
+    chunk on FLARE's download channel (:data:`DOWNLOAD_CHANNEL`), a piece of a payload already counted whole."""
+    if record.get("type") == "bytes":
+        return 0 if record.get("channel") == DOWNLOAD_CHANNEL else int(record.get("bytes", 0))
+    return sum(int(a["size"]) * _itemsize(str(a["dtype"])) for a in record_arrays(record))
+
+
+def sent_messages(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The records that are messages (not a site's start line nor a recorder error)."""
+    return [r for r in records if not r.get("start") and "recorder_error" not in r and "channel" in r]
+
+
+def egress_bytes(records: Iterable[Mapping[str, Any]], site: str | None = None) -> dict[str, int]:
+    """``{"channel/topic": bytes}`` of every message the sites (or only ``site``) sent (:func:`message_bytes`: each
+    payload once), in first-seen order; a channel whose messages carried no arrays shows 0."""
+    out: dict[str, int] = {}
+    for r in sent_messages(records):
+        if site is None or r.get("site") == site:
+            key = f"{r['channel']}/{r['topic']}"
+            out[key] = out.get(key, 0) + message_bytes(r)
+    return out

@@ -72,10 +72,12 @@ def report(out: Path, rows: list[Row], *, rerun: bool = False, write_only: bool 
 
 def write(out: Path, records: list[dict[str, Any]], failed: list[str] | None = None, missing: list[str] | None = None) -> None:
     """REPORT.md + report.csv + report.json + one PNG of curves per table from the records, and one of what the
-    methods send (:mod:`medflare.report.sends`) where their runs streamed images of it."""
+    methods send (:mod:`medflare.report.sends`) where their runs wrote images of it."""
     parts = ["# medflare report", "",
              "Every method on the same sites, scored the same way (`medflare evaluate` on each site's test split). "
-             "Bytes are payload arrays counted by a FLARE filter on the server (see docs/report.md); FLARE overhead is "
+             "Bytes are payload arrays: task results and task data counted by a FLARE filter on the server, and everything "
+             "each site sent on every channel (task results, analytics events, aux messages) counted by the egress "
+             "recorder at the site's cell, each payload once (see docs/report.md); FLARE overhead is "
              "wall time minus the compute on the critical path (per exchange, the slowest site's time from receiving a "
              "task to its result arriving); peak memory is the largest resident size of a site's process. `~`: within the spread over seeds of the best federated method (local and centralised rows are references).",
              f"Machine: {os.cpu_count()} CPUs, training on {devices(records)}; 1-minute load during the runs "
@@ -96,7 +98,9 @@ def write(out: Path, records: list[dict[str, Any]], failed: list[str] | None = N
         parts += [f"## {title}", "", describe_setting(runs), "", markdown(rows, task, sites), "", f"![{title}]({png.name})", ""]
         sends = plot_sends(runs, title, out / f"sends_{task}{'' if skew is None else f'_beta{skew:g}'}.png")
         if sends is not None:
-            parts += [f"What the methods send (last round, first seed): ![{title}: what the methods send]({sends.name})", ""]
+            parts += [f"What the methods send (last round, first seed; FedST's panels of a site's own data are kept at "
+                      f"the sites and shown only because the report runs every site locally): "
+                      f"![{title}: what the methods send]({sends.name})", ""]
         for r in rows:
             r.update(task=task, skew=skew)
         all_rows += rows

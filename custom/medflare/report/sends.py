@@ -1,4 +1,4 @@
-"""The report's picture of what each method sends, from the images its run streamed to TensorBoard.
+"""The report's picture of what each method sends, from the images its run wrote to TensorBoard.
 
 What leaves a site differs by method, and for three of them an image shows it better than a byte count:
 
@@ -7,6 +7,12 @@ What leaves a site differs by method, and for three of them an image shows it be
   the sites send logits on these, never images of their own);
 - FedST-separate / FedST-join: images from the generators the sites send, in other sites' styles (the sites'
   ``synthetic/<domain>/case<i>`` panels: real image, synthetic cross-domain image, label map).
+
+FedVCK's and FedIOD's pictures are made by the server and read from the server's TensorBoard. FedST's panels show a
+site's own images and label maps: they are kept at the sites (each site's own TensorBoard,
+``<ws>/<site>/simulate_job/tb_events/<site>/``, unless the site opts in to ``privacy.stream_images``), and are shown
+here only because the report runs every site locally (one person benchmarking on all sites' data); they are read
+from the sites' folders, then from the server's (a site that opted in streamed them there).
 
 Weight-sharing rows (FedAvg, FedProx, SCAFFOLD, FedSM) send network weights: nothing to picture; they are left out.
 The images are read from the row's simulator workspace (``record["workspace"]``, kept under the report's
@@ -21,13 +27,15 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-#: method name -> (tag prefix of its images, caption)
-SEND_TAGS: dict[str, tuple[str, str]] = {
-    "fedvck": ("condensed/", "condensed images (sent by the sites)"),
-    "fediod": ("generated/", "generator samples (the sites send logits on them)"),
-    "fediod_seg": ("generated/", "generator samples (the sites send logits on them)"),
-    "fedst_separate": ("synthetic/", "real | synthetic cross-domain | label (from the generators the sites send)"),
-    "fedst_join": ("synthetic/", "real | synthetic cross-domain | label (from the generators the sites send)"),
+_AT_SITES = ("real | synthetic cross-domain | label (from the generators the sites send); kept at the sites, "
+             "shown here because the report runs every site locally")
+#: method name -> (tag prefix of its images, caption, whether the pictures are kept at the sites)
+SEND_TAGS: dict[str, tuple[str, str, bool]] = {
+    "fedvck": ("condensed/", "condensed images (sent by the sites)", False),
+    "fediod": ("generated/", "generator samples (the sites send logits on them)", False),
+    "fediod_seg": ("generated/", "generator samples (the sites send logits on them)", False),
+    "fedst_separate": ("synthetic/", _AT_SITES, True),
+    "fedst_join": ("synthetic/", _AT_SITES, True),
 }
 
 
@@ -35,6 +43,18 @@ def tb_root(record: Mapping[str, Any]) -> Path | None:
     """The server's TensorBoard folder of a federated record's run (None for a standalone row)."""
     ws = record.get("workspace")
     return Path(ws) / "server" / "simulate_job" / "tb_events" if ws else None
+
+
+def tb_roots(record: Mapping[str, Any], at_sites: bool) -> list[Path]:
+    """Where a run's pictures are: the server's TensorBoard folder, or (``at_sites``) each site's own
+    (``<ws>/<site>/simulate_job/tb_events``) then the server's, for a site that opted in to streaming them."""
+    server = tb_root(record)
+    if server is None:
+        return []
+    ws = Path(record["workspace"])
+    sites = sorted(p / "simulate_job" / "tb_events" for p in ws.iterdir()
+                   if p.is_dir() and p.name != "server" and (p / "simulate_job").is_dir()) if at_sites and ws.is_dir() else []
+    return [*sites, server]
 
 
 def last_images(root: Path, prefix: str, limit: int = 4) -> list[tuple[str, np.ndarray]]:
@@ -61,16 +81,21 @@ def last_images(root: Path, prefix: str, limit: int = 4) -> list[tuple[str, np.n
 
 def plot_sends(runs: Mapping[str, Iterable[Mapping[str, Any]]], title: str, path: Path, per_method: int = 4) -> Path | None:
     """One row of images per method of ``runs`` (``{method: [record per seed]}``, as
-    :func:`medflare.report.tables.group` gives) that streamed images of what it sends; writes ``path`` and returns
-    it, or None (nothing written) when no method of the table has such images."""
+    :func:`medflare.report.tables.group` gives) that wrote images of what it sends (FedST's: read from the sites' own
+    folders, see the module docstring); writes ``path`` and returns it, or None (nothing written) when no method of
+    the table has such images."""
     found = []
     for method, records in runs.items():
         if method not in SEND_TAGS:
             continue
         first = next(iter(records), None)
-        root = tb_root(first) if first else None
+        prefix, _, at_sites = SEND_TAGS[method]
+        images = []
         try:
-            images = last_images(root, SEND_TAGS[method][0], per_method) if root else []
+            for root in tb_roots(first, at_sites) if first else []:
+                images += last_images(root, prefix, per_method - len(images))
+                if len(images) >= per_method:
+                    break
         except Exception as exc:  # noqa: BLE001 - an unreadable event file costs its row, never the report
             print(f"sends figure: {method} skipped ({type(exc).__name__}: {exc})")
             images = []

@@ -1,8 +1,9 @@
 """`medflare report` end to end on two cheap rows: a FedAvg job in the FLARE simulator and local training.
 
 The traffic the report counts must be the model itself (each site receives the global weights and returns a
-weight difference of the same size, every round), the scores must be the saved model's on each site's test split,
-and a second invocation must reuse the finished rows instead of running them again."""
+weight difference of the same size, every round), the every-channel count must hold those task results plus the
+analytics events (scalars only: pictures stay at the sites by default), the scores must be the saved model's on each
+site's test split, and a second invocation must reuse the finished rows instead of running them again."""
 
 from __future__ import annotations
 
@@ -35,7 +36,12 @@ def test_report_counts_what_fedavg_sends_and_scores_it_like_evaluate(tmp_path, c
         assert set(traffic["per_site"][site]) == {"0", "1"}, traffic["per_site"][site]
         for rnd in ("0", "1"):
             assert traffic["per_site"][site][rnd] == {"down": model_bytes, "up": model_bytes}
-    assert traffic["kinds"] == {"down": ["WEIGHTS"], "up": ["WEIGHT_DIFF"]}
+    assert traffic["kinds"] == {"down": ["WEIGHTS"], "up": ["METRICS", "WEIGHT_DIFF"]}  # the scores are a METRICS part
+    egress = traffic["egress"]  # every channel, from the egress recorder at each site
+    for site in SITES:
+        assert egress["per_site"][site]["server_command/submit_update"] == 2 * model_bytes, egress["per_site"][site]
+    assert egress["messages"]["aux_communication/fed.event"] > 0 and egress["events"] == ["scalar"], egress
+    assert "WEIGHT_DIFF" in egress["kinds"] and egress["total"] >= 2 * len(SITES) * model_bytes
     assert 0 < fedavg["compute_s"] < fedavg["seconds"] and fedavg["overhead_s"] > 0
     assert set(fedavg["peak_mb"]) >= set(SITES) and all(fedavg["peak_mb"][s] > 100 for s in SITES)
     assert len(fedavg["curve"]) == 2 and fedavg["curve"][1] > fedavg["curve"][0]  # it learned
@@ -45,7 +51,9 @@ def test_report_counts_what_fedavg_sends_and_scores_it_like_evaluate(tmp_path, c
 
     report = (out / "REPORT.md").read_text()
     assert f"| FedAvg | 0 | {100 * dice['site-1']:.2f} | {100 * dice['site-3']:.2f} |" in report
-    assert f"{model_bytes / 1e3:.1f} kB | {model_bytes / 1e3:.1f} kB" in report and "WEIGHT_DIFF" in report
+    every = egress["per_site_round"]
+    assert f"| {model_bytes / 1e3:.1f} kB | {every / 1e3:.1f} kB | {model_bytes / 1e3:.1f} kB |" in report, report
+    assert "WEIGHT_DIFF" in report and "analytics: scalar" in report
     assert (out / "seg.png").is_file() and "fedavg" in (out / "report.csv").read_text()
 
     assert medflare_main(args) == 0  # resumes: both rows come from their records

@@ -164,3 +164,25 @@ def test_error_reply_carries_one_line_cause():
     reply = error_reply(ReturnCode.EXECUTION_EXCEPTION, "a\nb " + "x" * 1000)
     cause = reply.get_header(CAUSE_HEADER)
     assert "\n" not in cause and len(cause) == 500 and cause.startswith("a b x")
+
+
+# ---- medflare's own workflows (SiteRounds): the count in each result's meta is rewritten once per exchange ------
+@pytest.mark.parametrize("workflow", ["medflare.fedst.controller.FedSTJoinController", "medflare.fedsm.controller.FedSMController"])
+def test_site_rounds_bound_the_counts_their_aggregation_reads(workflow):
+    """FedST weighs its segmentation FedAvg and metrics by ``_weights`` (the meta count), FedSM by ``parse_reply``'s n;
+    both read the rewritten count. Round 0 declares, round 1's claim is clipped, a NaN count drops the site."""
+    module, name = workflow.rsplit(".", 1)
+    wf = getattr(__import__(module, fromlist=[name]), name)()
+    warnings, errors = [], []
+    wf.warning, wf.error = warnings.append, errors.append
+    wf._bound_counts("train", {s: result(s, 1.0, n, 0) for s, n in (("site-1", 20), ("site-2", 30), ("site-3", 25))})
+    results = {"site-1": result("site-1", 1.0, 20), "site-2": result("site-2", 1.0, float("nan")), "site-3": result("site-3", -1.0, 1e9)}
+    wf._bound_counts("train", results)
+    assert sorted(results) == ["site-1", "site-3"] and results["site-3"].meta[STEPS] == 25
+    assert warnings and "site 'site-3' reported 1e+09" in warnings[0]
+    assert errors and "site 'site-2' reported nan" in errors[0] and "refused by the server" in wf._missing.causes["site-2"]
+    if "fedst" in module:  # FedST: its own weights read the bounded count
+        assert wf._weights(results, ["site-1", "site-3"]) == [20.0, 25.0]
+    other = {"site-3": result("site-3", 1.0, 1e9)}
+    wf._bound_counts("validate", other)  # another task declares afresh (and is capped by its own peers only)
+    assert other["site-3"].meta[STEPS] == 1e9

@@ -97,7 +97,7 @@ class SiteRounds(ModelController):
         self._refused: dict[str, str] = {}
         self._guarded: set[str] = set()  # sites whose result the server's update guard refused in this exchange
         self._missing = MissingSites()  # why each site's result was an error in this exchange
-        self._weights: dict[str, SiteWeights] = {}  # the bound on the counts the sites report, per task
+        self._count_bounds: dict[str, SiteWeights] = {}  # the bound on the counts the sites report, per task
         self._expected: set[str] = set()
         self._all_in = threading.Event()
         self.best_value = float("-inf")  # the best value given to offer_best so far
@@ -243,7 +243,7 @@ class SiteRounds(ModelController):
         """In place: each result's reported count (meta ``NUM_STEPS_CURRENT_ROUND``, where present) replaced by the weight
         :class:`SiteWeights` allows (clips logged as warnings naming the site); a result whose report is no count is
         dropped (logged as an error, counted as missing)."""
-        bound = self._weights.setdefault(task, SiteWeights(what=f"task '{task}'"))
+        bound = self._count_bounds.setdefault(task, SiteWeights(what=f"task '{task}'"))
         reports = {s: r.meta[FLMetaKey.NUM_STEPS_CURRENT_ROUND] for s, r in results.items()
                    if FLMetaKey.NUM_STEPS_CURRENT_ROUND in (r.meta or {})}
         decided = bound.bound(reports)

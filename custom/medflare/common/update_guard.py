@@ -150,8 +150,9 @@ def _groups(structure: Structure) -> dict[str, dict]:
 
 def _same_dtype(got: np.dtype, expected: np.dtype) -> bool:
     """Equal dtypes; or an integer entry (a counter) that came back as a float: FLARE's PercentilePrivacy divides every
-    entry of a diff by the step count, which makes an int64 counter float64 at an honest site."""
-    return got == expected or (expected.kind in "iu" and got.kind == "f")
+    entry of a diff by the step count, which makes an int64 counter float64 at an honest site; or the reverse: FLARE's
+    weighted average makes the global model's counters float64, and an honest site's model keeps them int64."""
+    return got == expected or {got.kind, expected.kind} in ({"i", "f"}, {"u", "f"})
 
 
 def structure_mismatch(sent: Structure, data: Mapping[str, Any]) -> str | None:

@@ -38,7 +38,7 @@ from nvflare.app_common.app_constant import AppConstants
 
 from medflare import PrivacyError
 from medflare.common.component import keep_args
-from medflare.common.payload import payload_bytes
+from medflare.common.payload import ok_dxo, payload_bytes
 
 #: collection meta keys of a reply built by :func:`site_reply` (names only, never data)
 PACKED, UNWRAP, LIFT = "medflare_packed", "medflare_unwrap", "medflare_lift"
@@ -100,13 +100,8 @@ class Intake(Filter):
     """
 
     def process(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
-        if shareable.get_return_code(ReturnCode.OK) != ReturnCode.OK:
-            return shareable
-        try:
-            dxo = from_shareable(shareable)
-        except ValueError:
-            return shareable
-        out = unpack(dxo)
+        dxo = ok_dxo(shareable)
+        out = unpack(dxo) if dxo is not None else None
         return shareable if out is dxo else out.update_shareable(shareable)
 
 

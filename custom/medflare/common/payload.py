@@ -12,7 +12,9 @@ from typing import Any, Mapping
 
 import numpy as np
 import torch
-from nvflare.apis.dxo import DXO, DataKind
+from nvflare.apis.dxo import DXO, DataKind, from_shareable
+from nvflare.apis.fl_constant import ReturnCode
+from nvflare.apis.shareable import Shareable
 
 from medflare import PayloadError, MedflareError
 from medflare.common.update_guard import nonfinite_paths
@@ -100,6 +102,16 @@ def payload_bytes(params: Any) -> int:
     if isinstance(params, torch.Tensor):
         return params.numel() * params.element_size()
     return int(params.nbytes) if isinstance(params, np.ndarray) else 0
+
+
+def ok_dxo(shareable: Shareable) -> DXO | None:
+    """The DXO of a successful reply, None for an error reply or one that holds no DXO (what a result filter acts on)."""
+    if shareable.get_return_code(ReturnCode.OK) != ReturnCode.OK:
+        return None
+    try:
+        return from_shareable(shareable)
+    except ValueError:
+        return None
 
 
 def collection(parts: Mapping[str, DXO], meta: Mapping[str, Any] | None = None) -> DXO:

@@ -28,13 +28,14 @@ from typing import Any
 
 from nvflare.apis.dxo import DXO, DataKind, from_shareable
 from nvflare.apis.filter import Filter
-from nvflare.apis.fl_constant import FLContextKey, ReturnCode
+from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import ReservedHeaderKey, Shareable
 from nvflare.app_common.app_constant import AlgorithmConstants, AppConstants
 
 from medflare.common.checks import check_bool
 from medflare.common.component import keep_args
+from medflare.common.payload import ok_dxo
 from medflare.common.site_errors import error_reply
 from medflare.common.tracking import SERVER_EVENT_TYPE, SiteTracker
 from medflare.common.update_guard import Part, UpdateScreen, weight_structure
@@ -113,12 +114,9 @@ class UpdateGuard(Filter):
         self.tracker = SiteTracker(self, event_type=SERVER_EVENT_TYPE)
 
     def process(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
-        if not self.enabled or shareable.get_return_code(ReturnCode.OK) != ReturnCode.OK:
-            return shareable  # a site's own error reply goes to the workflow as it is
-        try:
-            dxo = from_shareable(shareable)
-        except ValueError:
-            return shareable  # not a DXO: no model payload to judge
+        dxo = ok_dxo(shareable) if self.enabled else None
+        if dxo is None:
+            return shareable  # a site's own error reply (or no DXO: no model payload to judge) goes to the workflow as it is
         peer = fl_ctx.get_peer_context()
         site = peer.get_identity_name() if peer is not None else "?"
         task = fl_ctx.get_prop(FLContextKey.TASK_NAME) or shareable.get_header(ReservedHeaderKey.TASK_NAME, "")

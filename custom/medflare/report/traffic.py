@@ -29,15 +29,15 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from nvflare.apis.dxo import DXO, DataKind, from_shareable
+from nvflare.apis.dxo import DXO, DataKind
 from nvflare.apis.filter import Filter
-from nvflare.apis.fl_constant import FLContextKey, ReturnCode
+from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import ReservedHeaderKey, Shareable
 
 from medflare import ConfigError
 from medflare.common.component import keep_args
-from medflare.common.payload import payload_bytes
+from medflare.common.payload import ok_dxo, payload_bytes
 from medflare.common.result_guard import dxo_parts, result_round
 
 LEDGER = "traffic.jsonl"
@@ -59,11 +59,8 @@ class TrafficMeter(Filter):
         self._lock = threading.Lock()
 
     def process(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
-        if shareable.get_return_code(ReturnCode.OK) != ReturnCode.OK:
-            return shareable
-        try:
-            dxo = from_shareable(shareable)
-        except ValueError:
+        dxo = ok_dxo(shareable)
+        if dxo is None:
             return shareable
         peer = fl_ctx.get_peer_context()
         rnd = result_round(shareable)

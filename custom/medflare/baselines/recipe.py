@@ -69,7 +69,9 @@ class _BaselineRecipe(JobRecipe):
             scope="standard",
             server_components={
                 "persistor": PresetModelPersistor(preset=preset, overrides=overrides, seed=seed),
-                "model_selector": IntimeModelSelector(key_metric=key_metric, weigh_by_local_iter=True),
+                # the best model by the sites' mean score, each site once (the client average): weighing by the count a
+                # site reports would let a lying site pick the "best" round (the aggregation bounds counts, this does not)
+                "model_selector": IntimeModelSelector(key_metric=key_metric, weigh_by_local_iter=False),
             },
             min_clients=min_clients,
         )

@@ -97,8 +97,9 @@ def test_student_beats_every_teacher_with_two_architectures(cls_run, teachers_di
 def test_no_weights_leave_a_site(cls_run, repo):
     _, run = cls_run
     # the job carries FLARE's DXOBlocker on WEIGHTS / WEIGHT_DIFF as the result filter of every FedIOD task (the
-    # filter of the sites' no_weights scope, which the job's meta.json asks for; FLARE's simulator applies no site
-    # scope, POC and production do), so a reply holding weights would be refused before leaving the site ...
+    # filter of the sites' no_weights scope, which the job's meta.json asks for; the simulator applies a site scope only
+    # when its workspace's local/ holds a privacy.json, as tests/e2e/test_fedsm.py does; this run has none), so a reply
+    # holding weights would be refused before leaving the site ...
     client = json.loads((repo / "jobs" / "fediod" / "app" / "config" / "config_fed_client.json").read_text())
     blocker = [{"path": "nvflare.app_common.filters.dxo_blocker.DXOBlocker", "args": {"data_kinds": ["WEIGHTS", "WEIGHT_DIFF"]}}]
     entries = client["task_result_filters"]

@@ -57,8 +57,9 @@ class FedIODRecipe(JobRecipe):
             server_components={"persistor": FedIODPersistor(preset=preset, overrides=overrides, seed=seed)},
             min_clients=min_clients,
         )
-        # The job itself refuses to send weights, whatever the site's privacy.json says (FLARE's simulator applies
-        # no site scope at all): the same filter the sites' no_weights scope runs, on every FedIOD reply.
+        # The job itself refuses to send weights, whatever the site's privacy.json says (a site without one, e.g. a
+        # simulator workspace whose local/ holds no privacy.json, applies no scope filter): the same filter the sites'
+        # no_weights scope runs, on every FedIOD reply.
         for task in P.TASKS:  # one entry per task: FLARE exports a multi-task entry's task list in set order
             blocker = DXOBlocker(data_kinds=list(WEIGHT_KINDS))
             # FLARE's job export writes a component's ``data_kinds`` attribute, which DXOBlocker's base class sets to the

@@ -211,3 +211,17 @@ def test_fediod_label_counts_are_noised_under_dp_and_accounted():
     acc = SiteAccountant(1e-5)
     acc.spend(2.0, steps=2)
     assert 0 < acc.epsilon() < float("inf")
+
+
+def test_a_scope_can_block_fedvcks_condensed_set_or_cap_and_noise_it():
+    from medflare.fedvck import protocol as FP
+    from medflare.fedvck.filters import CondensedSetFilter
+    from medflare.fedvck.reply import pack_reply
+
+    images, labels = np.full((6, 1, 8, 8), 128, np.uint8), np.array([0, 0, 0, 1, 1, 1])
+    reply = lambda: pack_reply(images, labels, np.zeros((2, 2)), np.array([3, 3]), {"accuracy": 0.5}).to_shareable()  # noqa: E731
+    with pytest.raises(ContentBlockedException, match=FP.CONDENSED_SET):
+        DXOBlocker(data_kinds=[FP.CONDENSED_SET]).process(reply(), FLContext())
+    out = from_shareable(CondensedSetFilter(max_per_class=1, noise_std=0.1, levels=16, seed=0).process(reply(), FLContext()))
+    kept = out.data[FP.PART_CONDENSED].data
+    assert len(kept["labels"]) == 2 and not np.all(kept["images"] == 128)  # one image per class, noised

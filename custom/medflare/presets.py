@@ -29,7 +29,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Mapping
 
-from medflare import ConfigError, MedflareError
+from medflare import ConfigError
 from medflare.data.limits import LIMIT_DEFAULTS
 
 PRESETS: dict[str, dict[str, Any]] = {

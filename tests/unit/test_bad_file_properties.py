@@ -19,7 +19,6 @@ import warnings
 
 import nibabel as nib
 import numpy as np
-import pytest
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st

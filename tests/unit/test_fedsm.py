@@ -17,7 +17,7 @@ from medflare.fedsm.aggregate import SiteReply, SuperState, aggregate_models, ag
 from medflare.fedsm.extra import HeadAdam, extra_labels, head_gradient_step, per_case_losses
 from medflare.fedsm.routing import GLOBAL, SuperModelPredictor, route, selection_frequency
 from medflare.fedsm.scoring import case_scorer, one_pass, site_score, summarize
-from medflare.fedsm.selector import EncoderGaussianSelector, build_selector, encoder_features, selector_spec, unet_down_blocks
+from medflare.fedsm.selector import build_selector, encoder_features, selector_spec, unet_down_blocks
 from medflare.fedsm.softpull import softpull
 from medflare.fedsm.supermodel import (load_super_model, save_super_model, super_model_description, super_model_network)
 from medflare.presets import get_preset

@@ -16,7 +16,7 @@ from nvflare.apis.dxo import DXO, DataKind, from_shareable
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.shareable import Shareable
 
-from medflare import PayloadError, MedflareError
+from medflare import PayloadError
 from medflare.common.update_guard import nonfinite_paths
 
 

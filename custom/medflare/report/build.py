@@ -88,7 +88,7 @@ def write(out: Path, records: list[dict[str, Any]], failed: list[str] | None = N
     if missing:
         parts += ["**Rows not run yet** (written with `--write-only`; the command without it runs them):", "",
                   ", ".join(missing), ""]
-    all_rows, csv_parts = [], []
+    all_rows = []
     for (task, skew), runs in group(records).items():
         rows = [summary_row(rs) for rs in runs.values()]
         mark_ties(rows)

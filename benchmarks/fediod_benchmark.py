@@ -239,8 +239,8 @@ def table_dp(args, device) -> dict:
 
 def table_overhead(args, device) -> dict:
     """(federated step wall time) / (the same step in one process), default job preset, steady-state windows."""
-    from medflare.testing.jobconfig import customize_job
-    from medflare.testing.simrun import run_simulator
+    from medflare.jobs.customize import customize_job
+    from medflare.jobs.simulate import run_simulator
 
     preset, sites = args.cls_preset, sites_of(args.sites)
     fed = Federation(preset, {"data": {"num_sites": args.sites}}, sites, device)

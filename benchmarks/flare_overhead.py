@@ -31,8 +31,8 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
-from medflare.testing.jobconfig import customize_job
-from medflare.testing.simrun import run_simulator
+from medflare.jobs.customize import customize_job
+from medflare.jobs.simulate import run_simulator
 
 REPO = Path(__file__).resolve().parents[1]
 TRIVIAL = {

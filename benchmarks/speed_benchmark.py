@@ -47,8 +47,8 @@ from typing import Any
 
 import psutil
 
-from medflare.testing.jobconfig import customize_job
-from medflare.testing.simrun import run_simulator
+from medflare.jobs.customize import customize_job
+from medflare.jobs.simulate import run_simulator
 
 REPO = Path(__file__).resolve().parents[1]
 NO_GPU = "not measured (no GPU in this task)"

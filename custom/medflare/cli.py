@@ -28,13 +28,6 @@ from typing import Any, Sequence
 from medflare import ConfigError, MedflareError
 
 
-def _split_prefix(split: str) -> str:
-    """"train" / "val" / "test" for any spelling of a split (the data layer's one table of split names)."""
-    from medflare.data.datalists import split_keys
-
-    return split_keys(split)[1]
-
-
 def _sites(args) -> list[str]:
     if args.sites:
         return [s.strip() for s in args.sites.split(",") if s.strip()]
@@ -81,120 +74,32 @@ def _datalist_from_folder(args) -> dict[str, Any]:
 
 # ---- results ---------------------------------------------------------------------------------
 def _load(args):
-    from medflare.common.results import load_result
-    from medflare.common.training import pick_device
+    from medflare.evaluation import open_result
 
-    result = load_result(args.model, preset=getattr(args, "preset", None))
-    device = pick_device(args.device)
-    return result.to(device), device
+    return open_result(args.model, getattr(args, "preset", None), args.device)
+
+
+def _raw_kind_options(args) -> dict[str, str | None]:
+    """``{option name: text or None}`` of every registered kind's options, as given on the command line."""
+    from medflare.common.results import kinds
+
+    return {o.name: getattr(args, o.name, None) for kind in kinds().values() for o in kind.options}
 
 
 def _kind_options(args, result) -> dict[str, Any]:
     """The values of the options the result's kind declares; an option of another kind is an error."""
-    from medflare.common.results import kinds
+    from medflare.evaluation import kind_options
 
-    own = {o.name: o for o in kinds()[result.kind].options}
-    values = {}
-    for kind in kinds().values():
-        for opt in kind.options:
-            raw = getattr(args, opt.name, None)
-            if raw is None or opt.name in values:
-                continue
-            if opt.name not in own:
-                raise ConfigError(f"--{opt.name} is an option of kind '{kind.name}'; '{args.model}' is kind '{result.kind}'")
-            values[opt.name] = own[opt.name].parse(raw)
-    return values
-
-
-def _sources(args, data_cfg) -> dict[str, tuple]:
-    """``{name: (dataset, task, num_classes)}``: one datalist, .npz or site, or several sites (--sites / -n).
-
-    For volume presets the "dataset" is the split's datalist entries (scored per volume on the stored grid).
-    """
-    from medflare.data import load_npz_split, load_seg_split, load_site
-    from medflare.data.site import resolve_site_source
-    from medflare.data.writeback import is_volume_preset, volume_entries
-
-    num_classes = data_cfg["num_classes"]
-    if is_volume_preset(data_cfg):
-        lists = {args.datalist: args.datalist} if args.datalist else {
-            name: resolve_site_source(name, data_cfg) for name in ([args.site] if args.site else _sites(args))}
-        return {name: (volume_entries(path, args.split, data_cfg), "segmentation", num_classes) for name, path in lists.items()}
-    if args.datalist:
-        return {args.datalist: (load_seg_split(args.datalist, args.split, num_classes=num_classes), "segmentation", num_classes)}
-    if args.npz:
-        return {args.npz: (load_npz_split(args.npz, _split_prefix(args.split), num_classes=num_classes),
-                           "classification", num_classes)}
-    out = {}
-    for name in [args.site] if args.site else _sites(args):
-        site = load_site(name, data_cfg)
-        out[name] = (getattr(site, _split_prefix(args.split)), site.task, site.num_classes)
-    return out
-
-
-def _evaluate_one(label, predictor, sources, metrics, device, batch_size, verbose, data_cfg) -> dict[str, Any]:
-    """Score one predictor on every source and print the summary a person reads."""
-    from medflare.common.report import (confusion_matrix, confusion_table, metrics_table, named_fractions_table,
-                                        per_class_table, site_table)
-    from medflare.metrics.site_mean import unseen_classes_warning
-    from medflare.common.training import make_loader
-    from medflare.data.writeback import is_volume_preset, scored_batches
-    from medflare.metrics import evaluate
-
-    import torch
-
-    per_site, reports = {}, {}
-    for name, (dataset, task, num_classes) in sources.items():
-        if hasattr(predictor, "reset"):
-            predictor.reset()
-        model = predictor if isinstance(predictor, torch.nn.Module) else None
-        if is_volume_preset(data_cfg):  # per volume: predicted whole, mapped back to the stored grid, scored in mm
-            if model is not None:
-                model.eval()
-            result = evaluate(None, scored_batches(predictor, dataset, data_cfg, num_classes, device), task=task,
-                              num_classes=num_classes, metrics=metrics, device=device, predict=lambda labels: labels)
-        else:
-            result = evaluate(model, make_loader(dataset, batch_size, False), task=task, num_classes=num_classes,
-                              metrics=metrics, device=device, predict=None if model is not None else predictor)
-        if hasattr(predictor, "report"):
-            result["report"] = reports[name] = predictor.report()
-        if task == "classification":
-            result["confusion"] = confusion_matrix(result["per_case"], num_classes)
-        per_site[name] = result
-    table = site_table(per_site)
-    print(f"\n== {label} ==")
-    for name, (_, task, num_classes) in sources.items():
-        warning = unseen_classes_warning(name, num_classes, per_site[name].get("unseen_classes", []), per_site[name]["num_cases"])
-        if warning:
-            print(warning)
-    print(metrics_table(table, counts={n: r["num_cases"] for n, r in per_site.items()}))
-    if any(len(classes) > 1 or r.get("absent_classes") for r in per_site.values() for classes in r.get("per_class", {}).values()):
-        print("\nper class ('-': in no prediction and no label at that site, left out of the class mean):\n"
-              + per_class_table(per_site))
-    if reports:
-        print("\ncases routed to each model (%):\n" + named_fractions_table(reports, first="test site"))
-    for name, result in per_site.items():
-        if "confusion" in result:
-            print(f"\n{name}: confusion matrix and per-class accuracy (%)\n" + confusion_table(result["confusion"]))
-        if verbose:
-            print(f"\n{name}: per case")
-            for case in result["per_case"]:
-                print("  " + "  ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in case.items()))
-    return {"label": label, "sites": per_site, "client_average": table["client_average"], "global": table["global"]}
+    return kind_options(result, _raw_kind_options(args), args.model)
 
 
 def cmd_evaluate(args) -> dict[str, Any]:
-    result, device = _load(args)
-    options = _kind_options(args, result)
-    data_cfg = result.description["data"]
-    sources = _sources(args, data_cfg)
-    metrics = args.metrics.split(",") if args.metrics else result.preset["eval"]["metrics"]
-    print(f"{args.model}: kind '{result.kind}', preset '{result.description['preset']}', {args.split} split, device {device}")
-    evaluations = [
-        _evaluate_one(label, predictor, sources, metrics, device, args.batch_size, args.verbose, data_cfg)
-        for label, predictor in result.predictors(options)
-    ]
-    return {"model": str(args.model), "kind": result.kind, "split": args.split, "options": options, "evaluations": evaluations}
+    from medflare.evaluation import evaluate_result
+
+    sites = [args.site] if args.site else (_sites(args) if args.sites or args.n else None)
+    return evaluate_result(args.model, datalist=args.datalist, npz=args.npz, sites=sites, split=args.split,
+                           metrics=args.metrics.split(",") if args.metrics else None, batch_size=args.batch_size,
+                           verbose=args.verbose, preset=args.preset, device=args.device, options=_raw_kind_options(args))
 
 
 def cmd_show(args) -> dict[str, Any]:
@@ -221,7 +126,8 @@ def cmd_predict(args) -> dict[str, Any]:
     (label, predictor), *rest = result.predictors(options)
     if rest:
         raise ConfigError(f"predict writes one prediction per image; give one value for the options of kind '{result.kind}'")
-    written = write_predictions(predictor, result.description["data"], args, device)
+    written = write_predictions(predictor, result.description["data"], args.out, device, datalist=args.datalist,
+                                npz=args.npz, split=args.split, batch_size=args.batch_size)
     print(f"{label}: wrote {len(written)} predictions to {args.out}")
     return {"model": str(args.model), "label": label, "written": [str(p) for p in written]}
 
@@ -231,7 +137,8 @@ def cmd_sample(args) -> dict[str, Any]:
 
     result, device = _load(args)
     options = _kind_options(args, result)
-    written = write_samples(result, options, args, device)
+    written = write_samples(result, options, args.out, device, labels=args.labels, split=args.split, num=args.num,
+                            seed=args.seed)
     print(f"wrote {len(written)} samples to {args.out}")
     return {"model": str(args.model), "written": [str(p) for p in written]}
 
@@ -278,6 +185,10 @@ def cmd_report(args) -> dict[str, Any]:
 
 
 # ---- the parser ------------------------------------------------------------------------------
+#: the commands that take the options of a result's kind (the parser imports the kinds only for these)
+KIND_COMMANDS = ("evaluate", "predict", "sample")
+
+
 def _add_kind_options(parser: argparse.ArgumentParser) -> None:
     """Each registered kind's options, grouped under the kind's name."""
     from medflare.common.results import kinds
@@ -299,7 +210,9 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto (first GPU when present) | cpu | cuda[:N] (default auto)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(kind_options: bool = True) -> argparse.ArgumentParser:
+    """The ``medflare`` parser; ``kind_options`` adds each result kind's options to evaluate / predict / sample, which
+    imports every kind's module (torch, the algorithms): :func:`main` asks for them only when one of those runs."""
     parser = argparse.ArgumentParser(prog="medflare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -336,7 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=8, help="images per forward pass (default 8)")
     p.add_argument("--verbose", action="store_true", help="also print one line per case")
     p.add_argument("--out", dest="out_json", help="write per-site, per-case and mean results as JSON")
-    _add_kind_options(p)
+    if kind_options:
+        _add_kind_options(p)
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("predict", help="write a prediction per image (NIfTI with the image's affine; CSV for classification)")
@@ -347,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="testing", help="training | validation | testing (default testing)")
     p.add_argument("--out", required=True, help="folder for the predictions")
     p.add_argument("--batch-size", type=int, default=8)
-    _add_kind_options(p)
+    if kind_options:
+        _add_kind_options(p)
     p.set_defaults(func=cmd_predict, out_json=None)
 
     p = sub.add_parser("sample", help="generate images from label maps (or unconditioned) with a saved generator")
@@ -357,7 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num", type=int, default=8, help="images for an unconditioned generator (default 8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="folder for the images (NIfTI)")
-    _add_kind_options(p)
+    if kind_options:
+        _add_kind_options(p)
     p.set_defaults(func=cmd_sample, out_json=None)
 
     p = sub.add_parser("baseline", help="local-only or centralised training on the sites' data")
@@ -396,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(kind_options=bool(set(argv) & set(KIND_COMMANDS))).parse_args(argv)
     try:
         result = args.func(args)
     except MedflareError as e:

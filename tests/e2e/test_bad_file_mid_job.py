@@ -17,8 +17,8 @@ from medflare.common.results import read_checkpoint
 from medflare.common.update_guard import nonfinite_paths
 from medflare.data import make_seg_site
 from medflare.data.util import DATA_ENV
-from medflare.testing.jobconfig import customize_job
-from medflare.testing.simrun import run_simulator
+from medflare.jobs.customize import customize_job
+from medflare.jobs.simulate import run_simulator
 
 pytestmark = pytest.mark.slow
 

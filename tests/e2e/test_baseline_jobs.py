@@ -9,8 +9,8 @@ import json
 import pytest
 
 from medflare.cli import main as medflare_main
-from medflare.testing.jobconfig import customize_job
-from medflare.testing.simrun import run_simulator
+from medflare.jobs.customize import customize_job
+from medflare.jobs.simulate import run_simulator
 
 pytestmark = pytest.mark.slow
 

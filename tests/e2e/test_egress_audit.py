@@ -1,7 +1,7 @@
 """Nothing leaves a site that its policy did not pass, audited on every message a site process sends.
 
-Every simulator run of the test session goes through :func:`medflare.testing.simrun.run_simulator`, which runs the job
-with the egress recorder at every site (:mod:`medflare.testing.egress`: FLARE's cell-level sends: task results, aux
+Every simulator run of the test session goes through :func:`medflare.jobs.simulate.run_simulator`, which runs the job
+with the egress recorder at every site (:mod:`medflare.jobs.egress`: FLARE's cell-level sends: task results, aux
 messages, analytics events, meta and headers). ``test_every_job_sends_only_what_it_declares`` judges all of them at
 the end of the session and runs, at its tiny preset, each job of ``medflare.recipes.RECIPES`` that no other test ran.
 On the code before the egress rule the audit fails (SCAFFOLD's controls and the scores in meta, segmentation
@@ -12,8 +12,8 @@ replays that wire, and the closing note of issue 27 gives the run on the old cod
 import pytest
 
 from medflare.recipes import RECIPES
-from medflare.testing.jobconfig import customize_job
-from medflare.testing.simrun import AUDITED, run_simulator
+from medflare.jobs.customize import customize_job
+from medflare.jobs.simulate import AUDITED, run_simulator
 
 pytestmark = pytest.mark.slow
 

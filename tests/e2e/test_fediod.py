@@ -20,8 +20,8 @@ from medflare.fediod.server import Distiller, LocalFederation, SiteInfo, steps_t
 from medflare.fediod.teacher import load_teacher
 from medflare.data import load_site
 from medflare.presets import get_preset
-from medflare.testing.jobconfig import customize_job
-from medflare.testing.simrun import run_simulator
+from medflare.jobs.customize import customize_job
+from medflare.jobs.simulate import run_simulator
 
 pytestmark = pytest.mark.slow
 

@@ -22,8 +22,8 @@ from medflare.cli import main as medflare_main
 from medflare.common.payload import state_to_numpy
 from medflare.fedsm import protocol as P
 from medflare.fedsm.supermodel import BEST_SUPER_MODEL_FILE, SUPER_MODEL_FILE, load_super_model
-from medflare.testing.jobconfig import customize_job
-from medflare.testing.simrun import run_simulator
+from medflare.jobs.customize import customize_job
+from medflare.jobs.simulate import run_simulator
 
 pytestmark = pytest.mark.slow
 

@@ -25,8 +25,8 @@ from medflare.fedst.store import BEST_FILE_OF, FILE_OF, load_fedst_result
 from medflare.metrics import dice
 from medflare.nets import build_from_spec
 from medflare.presets import get_preset
-from medflare.testing.jobconfig import customize_job
-from medflare.testing.simrun import run_simulator
+from medflare.jobs.customize import customize_job
+from medflare.jobs.simulate import run_simulator
 
 pytestmark = pytest.mark.slow
 

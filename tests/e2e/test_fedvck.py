@@ -17,8 +17,8 @@ from medflare.cli import main as medflare_main
 from medflare.data import load_site
 from medflare.fedvck.checkpoint import RESULT_FILE
 from medflare.presets import get_preset
-from medflare.testing.jobconfig import customize_job
-from medflare.testing.simrun import run_simulator
+from medflare.jobs.customize import customize_job
+from medflare.jobs.simulate import run_simulator
 
 pytestmark = pytest.mark.slow
 

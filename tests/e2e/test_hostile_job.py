@@ -6,8 +6,8 @@ import pytest
 
 from medflare.data import make_seg_site
 from medflare.data.util import DATA_ENV
-from medflare.testing.jobconfig import customize_job
-from medflare.testing.simrun import run_simulator
+from medflare.jobs.customize import customize_job
+from medflare.jobs.simulate import run_simulator
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from medflare.common.compute import available_cores
-from medflare.testing.jobconfig import customize_job
-from medflare.testing.simrun import run_simulator
+from medflare.jobs.customize import customize_job
+from medflare.jobs.simulate import run_simulator
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ import torch
 
 from medflare.common.results import read_checkpoint
 from medflare.fedsm.supermodel import SUPER_MODEL_FILE
-from medflare.testing.jobconfig import customize_job
-from medflare.testing.simrun import run_simulator
+from medflare.jobs.customize import customize_job
+from medflare.jobs.simulate import run_simulator
 
 pytestmark = pytest.mark.slow
 

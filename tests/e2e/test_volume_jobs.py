@@ -10,8 +10,8 @@ import pytest
 
 from medflare.cli import main as medflare_main
 from medflare.testing.hospital_data import write_volume_site
-from medflare.testing.jobconfig import customize_job
-from medflare.testing.simrun import run_simulator
+from medflare.jobs.customize import customize_job
+from medflare.jobs.simulate import run_simulator
 
 pytestmark = pytest.mark.slow
 

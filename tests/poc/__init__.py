@@ -55,7 +55,7 @@ def poc_job(fed, src: str, name: str, preset: str, *, keep_custom: bool = False,
     """A copy of jobs/<src> for the federation ``fed`` (``customize_job`` with ``preset`` and ``customize``), named
     ``name``, without app/custom (so every medflare class passes the sites' allow-list) unless ``keep_custom``, with
     ``meta`` merged into its meta.json."""
-    from medflare.testing.jobconfig import customize_job
+    from medflare.jobs.customize import customize_job
 
     job = customize_job(Path(__file__).resolve().parents[2] / "jobs" / src, fed.jobs_dir / name, preset=preset, **customize)
     if not keep_custom:

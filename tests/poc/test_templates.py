@@ -24,7 +24,7 @@ from nvflare.app_common.widgets.component_path_authorizer import ComponentPathAu
 from nvflare.fuel.sec.authz import parse_policy_config
 from nvflare.private.fed.app.fl_conf import PrivacyConfiger
 
-from medflare.testing.jobconfig import components
+from medflare.jobs.customize import components
 
 REPO = Path(__file__).resolve().parents[2]
 SITE = REPO / "app_configs" / "site" / "local"

@@ -21,7 +21,7 @@ from medflare.common.egress import (Intake, ManifestFilter, Send, declare, reply
                                     unpack)
 from medflare.common.privacy_filters import ClipAndNoise, clip_and_noise_array
 from medflare.common.tracking import LOCAL_EVENT_TYPE, SERVER_EVENT_TYPE, SiteTracker, StreamPolicy
-from medflare.testing.egress import describe_payload, violations
+from medflare.jobs.egress import describe_payload, violations
 
 N = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: 20}
 CTRL = AlgorithmConstants.SCAFFOLD_CTRL_DIFF

@@ -8,8 +8,8 @@ import pytest
 from medflare import MedflareError
 from medflare.presets import PRESETS
 from medflare.recipes import RECIPES
-from medflare.testing.export_jobs import differences, export, files_of
-from medflare.testing.jobconfig import components, customize_job
+from medflare.jobs.export import differences, export, files_of
+from medflare.jobs.customize import components, customize_job
 
 JOBS = sorted(p.parent.name for p in (Path(__file__).resolve().parents[2] / "jobs").glob("*/meta.json"))
 

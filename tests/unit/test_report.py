@@ -22,7 +22,7 @@ from medflare.report.figures import bytes_axis
 from medflare.report.methods import METHODS, methods_for
 from medflare.report.tables import mark_ties, markdown, summary_row
 from medflare.report.traffic import LEDGER, TrafficMeter, meter_filters, read_ledger, summarize, summarize_egress
-from medflare.testing.egress import describe_payload, egress_bytes, message_bytes
+from medflare.jobs.egress import describe_payload, egress_bytes, message_bytes
 
 
 def _row(t, d, site, rnd, b, kinds=("WEIGHTS",)):
@@ -83,7 +83,7 @@ def _event(value):
 
 
 def _sent(site, channel, topic, payload, method="send_request"):
-    """One egress recorder row (:class:`medflare.testing.egress.EgressRecorder`) of ``site`` sending ``payload``."""
+    """One egress recorder row (:class:`medflare.jobs.egress.EgressRecorder`) of ``site`` sending ``payload``."""
     return {"site": site, "method": method, "channel": channel, "topic": topic, **describe_payload(payload)}
 
 

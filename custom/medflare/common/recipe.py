@@ -2,7 +2,7 @@
 
 FLARE 2.9's entry point is a Recipe run in an environment (``SimEnv``, ``PocEnv``, ``ProdEnv``); the
 classic job folder (``nvflare simulator jobs/<job>``, admin-console submission) stays first-class. To
-keep one source of truth, ``python -m medflare.testing.export_jobs`` regenerates ``jobs/<job>/`` from
+keep one source of truth, ``python -m medflare.jobs.export`` regenerates ``jobs/<job>/`` from
 the recipes and a test fails when a folder and its recipe's export differ, so a knob never exists in
 one and not in the other.
 

@@ -15,6 +15,7 @@ from monai.losses import DiceCELoss, DiceLoss, FocalLoss
 from torch.utils.data import DataLoader, Dataset
 
 from medflare import ConfigError, MedflareError
+from medflare.data.loaders import make_loader  # noqa: F401 - the data layer's; the executors, benchmarks and tests import it here
 
 LOSSES = ("dice", "dicece", "dicefocal", "ce")
 OPTIMIZERS = ("adam", "sgd")
@@ -54,17 +55,6 @@ def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float) -
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=5e-4)
     raise ConfigError(f"unknown optimizer '{name}' in train.optimizer (known: {list(OPTIMIZERS)})")
-
-
-def make_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int = 0, num_workers: int = 0) -> DataLoader:
-    """A DataLoader with a seeded shuffle so that reruns of a job see the same batches.
-
-    ``num_workers`` > 0 loads batches in that many worker processes (each with one torch thread); the
-    batches and their order are the same as with 0.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, num_workers=num_workers,
-                      persistent_workers=False)
 
 
 def one_line(exc: BaseException) -> str:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from monai.data import CacheDataset, Dataset, PersistentDataset
 from monai.transforms import Compose
+from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
 from medflare import ConfigError, DataError, MedflareError
@@ -312,3 +313,14 @@ def load_npz_split(npz: str | os.PathLike, split: str, *, num_classes: int | Non
         raise DataError(f"npz '{npz}' split '{prefix}' is empty (key '{image_key}' holds shape {images.shape})")
     labels_t = _labels(labels, len(images), f"npz '{npz}' key '{label_key}'", num_classes)
     return NpzDataset(_images_to_nchw(images, f"npz '{npz}' key '{image_key}'"), labels_t, prefix)
+
+
+def make_loader(dataset: TorchDataset, batch_size: int, shuffle: bool, seed: int = 0, num_workers: int = 0) -> DataLoader:
+    """A DataLoader with a seeded shuffle so that reruns of a job see the same batches.
+
+    ``num_workers`` > 0 loads batches in that many worker processes (each with one torch thread); the
+    batches and their order are the same as with 0.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, num_workers=num_workers,
+                      persistent_workers=False)

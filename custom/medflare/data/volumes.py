@@ -36,7 +36,7 @@ from torch.utils.data import Dataset as TorchDataset
 
 from medflare import ConfigError
 from medflare.data.datalists import SEG_SPLITS
-from medflare.data.loaders import cached_dataset
+from medflare.data.loaders import cached_dataset, make_loader
 from medflare.data.transforms import Augment, ToItem, augmentation, check_image_size, preprocess
 from medflare.data.util import stable_seed
 
@@ -275,8 +275,6 @@ class WholeVolumes:
 
     def loader(self, split: str):
         """Batches of one volume (volumes differ in size)."""
-        from medflare.common.training import make_loader
-
         return make_loader(self.datasets[split], 1, False)
 
     def predictor(self, forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:

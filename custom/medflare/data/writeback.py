@@ -23,8 +23,8 @@ from monai.data import MetaTensor
 from monai.transforms import Compose, Invertd, SaveImage
 
 from medflare import ConfigError
-from medflare.common.training import make_loader
 from medflare.data.datalists import read_datalist, site_splits, split_keys
+from medflare.data.loaders import make_loader
 from medflare.data.transforms import NIFTI_SUFFIXES, PIL_SUFFIXES, LoadPair, check_image_size, label_transforms, preprocess
 from medflare.data.volumes import VolumeLayout, volume_transform
 from medflare.metrics import logits_to_label_map
@@ -140,8 +140,9 @@ def save_like(array: np.ndarray, reference: str, out: Path) -> Path:
 
 
 @torch.no_grad()
-def write_predictions(predictor, data_cfg: Mapping[str, Any], args, device) -> list[Path]:
-    """Predict every image of ``args.datalist`` / ``args.npz`` (split ``args.split``) into folder ``args.out``.
+def write_predictions(predictor, data_cfg: Mapping[str, Any], out: str | Path, device, *, datalist: str | None = None,
+                      npz: str | None = None, split: str = "testing", batch_size: int = 8) -> list[Path]:
+    """Predict every image of ``datalist`` / ``npz`` (split ``split``) into folder ``out``.
 
     Segmentation: one label map per image on the image's own grid, ``<stem>_pred.nii.gz`` (MONAI SaveImage,
     the image's affine and header) or ``<stem>_pred.png``; entries need no label (MSD ``test`` images).
@@ -149,22 +150,22 @@ def write_predictions(predictor, data_cfg: Mapping[str, Any], args, device) -> l
     from medflare.data import load_npz_split
     from medflare.metrics import to_class_labels
 
-    out = Path(args.out)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     num_classes = int(data_cfg["num_classes"])
     if isinstance(predictor, torch.nn.Module):
         predictor.eval()
-    if args.npz:
-        dataset = load_npz_split(args.npz, args.split, num_classes=num_classes)
+    if npz:
+        dataset = load_npz_split(npz, split, num_classes=num_classes)
         path = out / "predictions.csv"
         with path.open("w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["name", "prediction", "label"])
-            for batch in make_loader(dataset, args.batch_size, False):
+            for batch in make_loader(dataset, batch_size, False):
                 pred = to_class_labels(predictor(batch["image"].to(device))).cpu().tolist()
                 writer.writerows(zip(batch["name"], pred, batch["label"].tolist()))
         return [path]
-    entries = read_datalist(args.datalist, args.split, labeled=False)
+    entries = read_datalist(datalist, split, labeled=False)
     written = []
     for entry, pred in predict_on_stored_grid(predictor, entries, data_cfg, num_classes, device):
         reference = _first(entry["image"])
@@ -176,14 +177,16 @@ def write_predictions(predictor, data_cfg: Mapping[str, Any], args, device) -> l
     return written
 
 
-def write_samples(result, options: Mapping[str, Any], args, device) -> list[Path]:
-    """Generate with ``result.sample`` from the label maps of ``args.labels`` (or ``args.num`` unconditioned) into ``args.out``."""
+def write_samples(result, options: Mapping[str, Any], out: str | Path, device, *, labels: str | None = None,
+                  split: str = "testing", num: int = 8, seed: int = 0) -> list[Path]:
+    """Generate with ``result.sample`` from the label maps of datalist ``labels`` (split ``split``), or ``num``
+    unconditioned images, into folder ``out``; ``seed`` seeds the sampler."""
     from medflare.data import load_seg_split
 
-    out = Path(args.out)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    options = {**options, "num": args.num, "seed": args.seed}
-    if not args.labels:
+    options = {**options, "num": num, "seed": seed}
+    if not labels:
         images = result.sample([], options)
         written = []
         for i, image in enumerate(images):
@@ -192,8 +195,8 @@ def write_samples(result, options: Mapping[str, Any], args, device) -> list[Path
             written.append(path)
         return written
     num_classes = int(result.description["data"]["num_classes"])
-    entries = read_datalist(args.labels, args.split)
-    dataset = load_seg_split(args.labels, args.split, num_classes=num_classes, cache=False)
+    entries = read_datalist(labels, split)
+    dataset = load_seg_split(labels, split, num_classes=num_classes, cache=False)
     label_maps = [dataset[i]["label"].to(device) for i in range(len(dataset))]
     images = result.sample(label_maps, options)
     if len(images) != len(label_maps):

@@ -3,8 +3,9 @@
 :func:`run_job` runs one shipped job (exported from its recipe, customised with a preset, rounds and workflow
 arguments) in the FLARE simulator with a :class:`~medflare.report.traffic.TrafficMeter` on the server, while
 :class:`PeakMemory` samples the resident memory of every process of the run. :func:`run_row` turns a
-:class:`~medflare.report.methods.Method` into a record (a JSON-able dict): scores from ``medflare evaluate`` on the
-sites' test splits (the same scoring for every row), the learning curve, bytes each way per site and round,
+:class:`~medflare.report.methods.Method` into a record (a JSON-able dict): scores from
+:func:`medflare.evaluation.evaluate_result` (what ``medflare evaluate`` computes) on the sites' test splits (the same
+scoring for every row), the learning curve, bytes each way per site and round,
 every channel's bytes each site sent (the egress recorder's, :func:`~medflare.report.traffic.summarize_egress`),
 what kinds of payload left the sites, wall time, compute on the critical path and FLARE overhead (see
 :mod:`medflare.report.traffic`), peak memory per site process, and each site's epsilon where the result holds
@@ -14,7 +15,6 @@ one. A record is written to disk and reused by the next run unless ``rerun`` (re
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import math
 import os
@@ -112,8 +112,8 @@ def export_job(name: str, dst: Path, *, preset: str, overrides: Mapping[str, Any
                seed: int | None = None) -> Path:
     """The recipe's job folder (as shipped under jobs/) customised for one run, with the traffic meters added;
     ``seed`` goes to every component that takes one (persistors, executors, workflows)."""
-    from medflare.testing.export_jobs import export
-    from medflare.testing.jobconfig import components, customize_job
+    from medflare.jobs.customize import components, customize_job
+    from medflare.jobs.export import export
 
     with tempfile.TemporaryDirectory() as tmp:
         job = customize_job(export(name, Path(tmp)), dst, preset=preset, overrides=overrides, workflow_args=workflow_args)
@@ -136,8 +136,8 @@ def run_job(name: str, work: Path, sites: list[str], *, preset: str, overrides: 
     The run carries the egress recorder at every site (``audit``): the traffic summary's ``egress`` counts what the
     sites sent on every channel, not only task results (None when nothing was recorded).
     ``on_round(r)`` is called as the server starts handing out round ``r``'s tasks (:class:`RoundProgress`)."""
-    from medflare.testing.egress import FILE_NAME as EGRESS_FILE
-    from medflare.testing.simrun import run_simulator, server_dir
+    from medflare.jobs.egress import FILE_NAME as EGRESS_FILE
+    from medflare.jobs.simulate import run_simulator, server_dir
 
     job = export_job(name, work / "job", preset=preset, overrides=overrides, workflow_args=workflow_args or {}, seed=seed)
     ws = work / "ws"
@@ -237,7 +237,7 @@ def _standalone(row: Row) -> dict[str, Any]:
 
 
 def _federated(row: Row, work: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    from medflare.cli import main as medflare_main
+    from medflare.evaluation import evaluate_result
 
     m = row.method
     workflow = {"num_rounds": row.rounds, **m.workflow}
@@ -258,13 +258,11 @@ def _federated(row: Row, work: Path, log: Callable[[str], None]) -> dict[str, An
                   seed=row.seed, on_round=on_round)
     run = out["run"]
     result = run.app_server / m.result
-    scores_json = work / "scores.json"
-    with contextlib.redirect_stdout(io.StringIO()):
-        code = medflare_main(["evaluate", "--model", str(result), "--sites", ",".join(row.sites), "--out", str(scores_json),
-                              "--metrics", ",".join(SCORE_METRICS[m.task])])
-    if code != 0:
-        raise MedflareError(f"medflare evaluate failed on '{result}'")
-    evaluation = json.loads(scores_json.read_text())["evaluations"][0]
+    try:
+        scored = evaluate_result(result, sites=list(row.sites), metrics=SCORE_METRICS[m.task], log=lambda line: None)
+    except MedflareError as e:
+        raise MedflareError(f"scoring '{result}' failed: {e}") from e
+    evaluation = json.loads(json.dumps(scored["evaluations"][0], default=float))  # the plain numbers a record holds
     scores = {"sites": {s: r["mean"] for s, r in evaluation["sites"].items()},
               "client_average": evaluation["client_average"], "global": evaluation["global"]}
     key = get_preset(row.preset, row.overrides)["eval"]["key_metric"]

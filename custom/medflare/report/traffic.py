@@ -16,7 +16,7 @@ overhead" is the job's wall time minus it: start-up, messaging, server-side aggr
 
 The meter sees task results only. What a site sends on every channel (task results, analytics events, aux messages,
 FLARE's download service) is recorded at the site's cell by the egress recorder the simulator runs add
-(:mod:`medflare.testing.egress`); :func:`summarize_egress` totals those records per site and channel, each payload
+(:mod:`medflare.jobs.egress`); :func:`summarize_egress` totals those records per site and channel, each payload
 once (a download chunk is a piece of a payload counted whole), for the report's every-channel byte columns.
 """
 
@@ -142,13 +142,13 @@ KNOWN_PAYLOAD_CHANNELS = ("server_command/submit_update", "task/", "aux_communic
 
 
 def summarize_egress(records: Iterable[Mapping[str, Any]], rounds: Mapping[str, int] | None = None) -> dict[str, Any] | None:
-    """Every channel's bytes from a run's egress records (:func:`medflare.testing.egress.read_records`), or None when
+    """Every channel's bytes from a run's egress records (:func:`medflare.jobs.egress.read_records`), or None when
     the run recorded nothing: ``per_site`` ``{site: {"channel/topic": bytes}}``, ``by_channel`` and ``messages`` (count)
     over all sites, ``total`` bytes, ``per_site_round`` (total over the rounds each site took part in, ``rounds``
     ``{site: n}`` as the meter counted them; the records carry no round, so this is an average), the data ``kinds``
     of the task results' parts, the analytics ``events`` types (scalar, image, ...), ``other`` channels that carried
     arrays (neither task results nor analytics events), and the download ``chunks`` left uncounted."""
-    from medflare.testing.egress import DOWNLOAD_CHANNEL, egress_bytes, sent_messages
+    from medflare.jobs.egress import DOWNLOAD_CHANNEL, egress_bytes, sent_messages
 
     sent = sent_messages(records)
     if not sent:

@@ -1,3 +1,3 @@
-"""The harness tests and benchmarks use to run jobs: copy a job folder with settings changed, run it in the
-FLARE simulator, read back what it wrote. Never imported at a site: a site's installation runs only the
-jobs' components."""
+"""What only tests use: widgets that record what a workflow did (:mod:`.widgets`), poisoned and sabotaged sites
+(:mod:`.poison`, :mod:`.sabotage`), hospital-like data files (:mod:`.hospital_data`). No runtime module imports it;
+the tooling that exports, customises and runs a job lives in :mod:`medflare.jobs`."""

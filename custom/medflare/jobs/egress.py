@@ -1,9 +1,9 @@
-"""The egress audit for tests: every message a site's job process sends, recorded at FLARE's cell level, and judged.
+"""The egress audit of a run: every message a site's job process sends, recorded at FLARE's cell level, and judged.
 
 A privacy scope and the job's manifest only see task results. A site also sends federated events (analytics),
 aux messages, heartbeats and the chunks of large payloads, and a task result carries meta and headers that no
-filter sees. :class:`EgressRecorder` (a client component the tests add to a job) wraps the sending methods of the
-site's cell at START_RUN and writes one JSON line per outgoing message to ``<site run dir>/egress.jsonl``: channel,
+filter sees. :class:`EgressRecorder` (a client component that :func:`~medflare.jobs.simulate.run_simulator` adds to
+a copy of the job, for the report and the tests) wraps the sending methods of the site's cell at START_RUN and writes one JSON line per outgoing message to ``<site run dir>/egress.jsonl``: channel,
 topic, bytes, and what the payload holds (a task result's parts with kinds and array shapes, its meta keys and
 value types, arrays found in headers or outside any DXO, the analytics data type of a federated event).
 
@@ -13,7 +13,7 @@ declared part (headers, meta, aux and event payloads), analytics events carry sc
 pictures (``privacy.stream_images``), and every channel must be one of FLARE's own that the bundle uses
 (:data:`CHANNELS`). Payload chunks (FLARE's object download) are bytes of a message already judged whole.
 
-:func:`medflare.testing.simrun.run_simulator` adds the recorder to every job it runs and :meth:`SimRun.egress` reads the
+:func:`medflare.jobs.simulate.run_simulator` adds the recorder to every job it runs and :meth:`SimRun.egress` reads the
 records, so every simulator run of the test suite is audited (tests/e2e/test_egress_audit.py). :func:`egress_bytes`
 totals a run's records by channel (each payload once); the report's byte columns use it.
 """
@@ -105,7 +105,7 @@ def describe_payload(payload: Any) -> dict:
 
 
 class EgressRecorder(FLComponent):
-    """Client component (tests only): records every message the site's job process sends (see the module docstring).
+    """Client component (added to a copy of a job by the report and the tests, never shipped in jobs/): records every message the site's job process sends (see the module docstring).
 
     Args:
         file_name: JSON-lines file in the site's run folder. Default "egress.jsonl".

@@ -1,4 +1,4 @@
-"""Copy a job folder with settings changed: preset, rounds, site count, filters (tests, benchmarks, CLI).
+"""Copy a job folder with settings changed: preset, rounds, site count, filters (the report, benchmarks, tests).
 
 A job folder stays the one source of truth for how a job is wired; this only rewrites the values a
 user would edit by hand (``preset``/``overrides`` of every medflare component, the workflow's

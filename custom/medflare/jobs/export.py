@@ -1,7 +1,7 @@
 """Regenerate the job folders under ``jobs/`` from the recipes, or check that they match.
 
-    python -m medflare.testing.export_jobs            # rewrite jobs/<name>/{meta.json,app/} from each recipe
-    python -m medflare.testing.export_jobs --check    # exit 1 and list the differences if any folder is stale
+    python -m medflare.jobs.export            # rewrite jobs/<name>/{meta.json,app/} from each recipe
+    python -m medflare.jobs.export --check    # exit 1 and list the differences if any folder is stale
 
 A job folder's hand-written README.md is kept; everything FLARE reads is the recipe's export.
 """

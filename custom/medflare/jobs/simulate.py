@@ -1,4 +1,4 @@
-"""Run a job in the FLARE simulator as a subprocess and read back what it wrote (tests and benchmarks).
+"""Run a job in the FLARE simulator as a subprocess and read back what it wrote (the report, benchmarks, tests).
 
 FLARE's simulator can exit 0 after a client crashed, so callers check artifacts, not just the return
 code: :class:`SimRun` exposes the server run folder, the TensorBoard scalars per site and the log.
@@ -19,7 +19,7 @@ from medflare import MedflareError
 
 
 SIMULATOR_SERVER = "simulator_server"  # the name the FLARE simulator gives the server (its tb_events folder)
-#: every audited run of this process (a test session), for the session-wide egress audit (tests/e2e/test_egress_audit.py)
+#: every audited run of this process (e.g. a test session), for the session-wide egress audit (tests/e2e/test_egress_audit.py)
 AUDITED: list["SimRun"] = []
 
 
@@ -62,14 +62,14 @@ class SimRun:
                 and site.name != "server"}
 
     def egress(self) -> list[dict]:
-        """What the sites sent, message by message (:mod:`medflare.testing.egress`; empty when the run was not audited)."""
-        from medflare.testing.egress import read_records
+        """What the sites sent, message by message (:mod:`medflare.jobs.egress`; empty when the run was not audited)."""
+        from medflare.jobs.egress import read_records
 
         return read_records(self.workspace)
 
     def egress_violations(self) -> list[str]:
         """The egress rule's violations in this run, judged against the job's manifest."""
-        from medflare.testing.egress import violations
+        from medflare.jobs.egress import violations
 
         return violations(self.egress(), job_manifest(self.job) if self.job else None)
 
@@ -92,14 +92,14 @@ def job_manifest(job: str | os.PathLike) -> dict | None:
 
 
 def with_egress_recorder(job: str | os.PathLike, dst: str | os.PathLike) -> Path:
-    """A copy of ``job`` at ``dst`` whose client apps also run :class:`~medflare.testing.egress.EgressRecorder`."""
+    """A copy of ``job`` at ``dst`` whose client apps also run :class:`~medflare.jobs.egress.EgressRecorder`."""
     job, dst = Path(job), Path(dst)
     if dst.exists():
         shutil.rmtree(dst)
     shutil.copytree(job, dst)
     for path in dst.glob("*/config/config_fed_client.json"):
         config = json.loads(path.read_text())
-        config.setdefault("components", []).append({"id": "egress_recorder", "path": "medflare.testing.egress.EgressRecorder",
+        config.setdefault("components", []).append({"id": "egress_recorder", "path": "medflare.jobs.egress.EgressRecorder",
                                                      "args": {}})
         path.write_text(json.dumps(config, indent=2))
     return dst

@@ -1,0 +1,151 @@
+"""Score a saved result on a datalist, an .npz or sites' data: ``medflare evaluate`` as a function.
+
+:func:`evaluate_result` returns what ``medflare evaluate --out`` writes (per site, per case, client average and
+global, for each predictor the result's kind offers); the CLI and the report both call it, so a report row is
+scored exactly as a user scores a file. :func:`open_result` and :func:`kind_options` are the steps ``show``,
+``predict`` and ``sample`` share with it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Mapping, Sequence
+
+from medflare import ConfigError
+
+
+def open_result(model: str | os.PathLike, preset: str | None = None, device: str = "auto"):
+    """``(result, device)``: the saved result at ``model`` on the device ``device`` names (``auto``: the first GPU when
+    present); ``preset`` for a plain state dict that does not describe itself."""
+    from medflare.common.results import load_result
+    from medflare.common.training import pick_device
+
+    result = load_result(model, preset=preset)
+    dev = pick_device(device)
+    return result.to(dev), dev
+
+
+def kind_options(result, raw: Mapping[str, str | None], model: str | os.PathLike = "") -> dict[str, Any]:
+    """The parsed values of ``raw`` (``{option name: text or None}``), each an option of the result's kind; a value
+    given for another kind's option is a ConfigError naming both kinds."""
+    from medflare.common.results import kinds
+
+    known = kinds()
+    own = {o.name: o for o in known[result.kind].options}
+    owners: dict[str, str] = {}
+    for k in known.values():
+        for o in k.options:
+            owners.setdefault(o.name, k.name)
+    values = {}
+    for name, text in raw.items():
+        if text is None:
+            continue
+        if name not in own:
+            raise ConfigError(f"--{name} is an option of kind '{owners.get(name, '?')}'; '{model}' is kind '{result.kind}'")
+        values[name] = own[name].parse(text)
+    return values
+
+
+def _split_prefix(split: str) -> str:
+    """"train" / "val" / "test" for any spelling of a split (the data layer's one table of split names)."""
+    from medflare.data.datalists import split_keys
+
+    return split_keys(split)[1]
+
+
+def sources(data_cfg: Mapping[str, Any], split: str, *, datalist: str | None = None, npz: str | None = None,
+            sites: Sequence[str] | None = None) -> dict[str, tuple]:
+    """``{name: (dataset, task, num_classes)}``: one datalist, one .npz, or sites (their configured or embedded data).
+
+    For volume presets the "dataset" is the split's datalist entries (scored per volume on the stored grid).
+    """
+    from medflare.data import load_npz_split, load_seg_split, load_site
+    from medflare.data.site import resolve_site_source
+    from medflare.data.writeback import is_volume_preset, volume_entries
+
+    if not (datalist or npz or sites):
+        raise ConfigError("evaluate: give a datalist, an .npz or site names")
+    num_classes = data_cfg["num_classes"]
+    if is_volume_preset(data_cfg):
+        lists = {datalist: datalist} if datalist else {name: resolve_site_source(name, data_cfg) for name in sites}
+        return {name: (volume_entries(path, split, data_cfg), "segmentation", num_classes) for name, path in lists.items()}
+    if datalist:
+        return {datalist: (load_seg_split(datalist, split, num_classes=num_classes), "segmentation", num_classes)}
+    if npz:
+        return {npz: (load_npz_split(npz, _split_prefix(split), num_classes=num_classes), "classification", num_classes)}
+    out = {}
+    for name in sites:
+        site = load_site(name, data_cfg)
+        out[name] = (getattr(site, _split_prefix(split)), site.task, site.num_classes)
+    return out
+
+
+def _evaluate_one(label, predictor, sources, metrics, device, batch_size, verbose, data_cfg, log) -> dict[str, Any]:
+    """Score one predictor on every source and ``log`` the summary a person reads."""
+    import torch
+
+    from medflare.common.report import (confusion_matrix, confusion_table, metrics_table, named_fractions_table,
+                                        per_class_table, site_table)
+    from medflare.common.training import make_loader
+    from medflare.data.writeback import is_volume_preset, scored_batches
+    from medflare.metrics import evaluate
+    from medflare.metrics.site_mean import unseen_classes_warning
+
+    per_site, reports = {}, {}
+    for name, (dataset, task, num_classes) in sources.items():
+        if hasattr(predictor, "reset"):
+            predictor.reset()
+        model = predictor if isinstance(predictor, torch.nn.Module) else None
+        if is_volume_preset(data_cfg):  # per volume: predicted whole, mapped back to the stored grid, scored in mm
+            if model is not None:
+                model.eval()
+            result = evaluate(None, scored_batches(predictor, dataset, data_cfg, num_classes, device), task=task,
+                              num_classes=num_classes, metrics=metrics, device=device, predict=lambda labels: labels)
+        else:
+            result = evaluate(model, make_loader(dataset, batch_size, False), task=task, num_classes=num_classes,
+                              metrics=metrics, device=device, predict=None if model is not None else predictor)
+        if hasattr(predictor, "report"):
+            result["report"] = reports[name] = predictor.report()
+        if task == "classification":
+            result["confusion"] = confusion_matrix(result["per_case"], num_classes)
+        per_site[name] = result
+    table = site_table(per_site)
+    log(f"\n== {label} ==")
+    for name, (_, task, num_classes) in sources.items():
+        warning = unseen_classes_warning(name, num_classes, per_site[name].get("unseen_classes", []), per_site[name]["num_cases"])
+        if warning:
+            log(warning)
+    log(metrics_table(table, counts={n: r["num_cases"] for n, r in per_site.items()}))
+    if any(len(classes) > 1 or r.get("absent_classes") for r in per_site.values() for classes in r.get("per_class", {}).values()):
+        log("\nper class ('-': in no prediction and no label at that site, left out of the class mean):\n"
+            + per_class_table(per_site))
+    if reports:
+        log("\ncases routed to each model (%):\n" + named_fractions_table(reports, first="test site"))
+    for name, result in per_site.items():
+        if "confusion" in result:
+            log(f"\n{name}: confusion matrix and per-class accuracy (%)\n" + confusion_table(result["confusion"]))
+        if verbose:
+            log(f"\n{name}: per case")
+            for case in result["per_case"]:
+                log("  " + "  ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in case.items()))
+    return {"label": label, "sites": per_site, "client_average": table["client_average"], "global": table["global"]}
+
+
+def evaluate_result(model: str | os.PathLike, *, datalist: str | None = None, npz: str | None = None,
+                    sites: Sequence[str] | None = None, split: str = "testing", metrics: Sequence[str] | None = None,
+                    batch_size: int = 8, verbose: bool = False, preset: str | None = None, device: str = "auto",
+                    options: Mapping[str, str | None] | None = None,
+                    log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Score the saved result ``model`` on ``datalist``, ``npz`` or ``sites`` (split ``split``) with ``metrics`` (default:
+    the preset's); ``options`` are the kind's options as text (``{"gamma": "0.9"}``). Returns ``{"model", "kind",
+    "split", "options", "evaluations": [{"label", "sites", "client_average", "global"}, ...]}``, one evaluation per
+    predictor the kind offers; the tables a person reads go to ``log``."""
+    result, dev = open_result(model, preset, device)
+    parsed = kind_options(result, options or {}, model)
+    data_cfg = result.description["data"]
+    found = sources(data_cfg, split, datalist=datalist, npz=npz, sites=sites)
+    chosen = list(metrics) if metrics else result.preset["eval"]["metrics"]
+    log(f"{model}: kind '{result.kind}', preset '{result.description['preset']}', {split} split, device {dev}")
+    evaluations = [_evaluate_one(label, predictor, found, chosen, dev, batch_size, verbose, data_cfg, log)
+                   for label, predictor in result.predictors(parsed)]
+    return {"model": str(model), "kind": result.kind, "split": split, "options": parsed, "evaluations": evaluations}

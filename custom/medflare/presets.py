@@ -114,11 +114,18 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+#: sections owned by one algorithm whose keys the algorithm's own config checks when a job reads them (defaults for
+#: keys a preset leaves out, unknown keys refused naming the key: ``medflare.fedvck.config.FedVCKConfig.from_preset``).
+#: A preset lists only the keys it sets, and overrides may set any key in them. The names are plain data: the presets
+#: sit below the algorithms and import none of them (DESIGN.md "Layers").
+ALGORITHM_SECTIONS = ("fedvck",)
+
+
 def _merge(base: dict, overrides: Mapping, where: str) -> dict:
     for key, value in overrides.items():
-        if key not in base:
+        if key not in base and where.rstrip(".") not in ALGORITHM_SECTIONS:
             raise ConfigError(f"unknown config key '{where}{key}' (known: {sorted(base)})")
-        if isinstance(base[key], dict) and isinstance(value, Mapping) and key != "args":
+        if key in base and isinstance(base[key], dict) and isinstance(value, Mapping) and key != "args":
             _merge(base[key], value, f"{where}{key}.")
         else:
             base[key] = copy.deepcopy(value)
@@ -136,7 +143,7 @@ SETTING_LOWER_BOUNDS: dict[str, int | None] = {
 
 def check_settings(cfg: Mapping[str, Any], owner: str) -> None:
     """The :data:`SETTING_LOWER_BOUNDS` keys that ``cfg`` (a merged preset) has, each in range; ConfigError names the key."""
-    from medflare.common.checks import check_int, check_positive_number
+    from medflare.checks import check_int, check_positive_number
 
     for key, low in SETTING_LOWER_BOUNDS.items():
         section, name = key.split(".")
@@ -265,13 +272,11 @@ PRESETS["seg_paper"]["eval"]["batch_size"] = 8
 
 # ---- FedVCK presets ----
 # The ``fedvck`` section is read by medflare.fedvck.config.FedVCKConfig (every key documented there and in
-# jobs/fedvck/README.md); it lists every key, so overrides can change any of them. ``train`` is unused by
-# FedVCK and kept so that the baselines run on the same preset.
+# jobs/fedvck/README.md; its defaults fill the keys a preset leaves out); it is one of ALGORITHM_SECTIONS, so
+# overrides can set any of its keys. ``train`` is unused by FedVCK and kept so that the baselines run on the same preset.
 def _with_fedvck(base: str, overrides: Mapping, fedvck: Mapping) -> dict[str, Any]:
-    from medflare.fedvck.config import FedVCKConfig
-
     preset = _derive(base, overrides)
-    preset["fedvck"] = FedVCKConfig(**fedvck).as_dict()
+    preset["fedvck"] = copy.deepcopy(dict(fedvck))
     return preset
 
 

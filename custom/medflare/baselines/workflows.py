@@ -31,7 +31,7 @@ from nvflare.app_common.workflows.scaffold import Scaffold
 
 from medflare import PayloadError
 from medflare.common.aggregation import as_float64, cast_back, check_finite_params
-from medflare.common.checks import check_int
+from medflare.checks import check_int
 from medflare.common.component import keep_args
 from medflare.common.site_errors import MissingSites
 from medflare.common.site_weights import SiteWeights

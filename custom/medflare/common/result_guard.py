@@ -33,7 +33,7 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import ReservedHeaderKey, Shareable
 from nvflare.app_common.app_constant import AlgorithmConstants, AppConstants
 
-from medflare.common.checks import check_bool
+from medflare.checks import check_bool
 from medflare.common.component import keep_args
 from medflare.common.payload import ok_dxo
 from medflare.common.site_errors import error_reply

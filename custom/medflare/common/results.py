@@ -9,9 +9,11 @@ its ``FL_global_model.pt`` carries the entry as well)::
 
 A *kind* maps that entry to a loader and to what the ``medflare`` command can do with the result:
 predict a batch (``evaluate``, ``predict``), ``sample`` (generators), list its ``parts``. The generic
-single-network kind ``model`` lives here; each algorithm registers its own kinds in its sub-package's
-``results`` module (``medflare/<algo>/results.py``), found by :func:`kinds` at first use, so neither this
-module nor the CLI names an algorithm.
+single-network kind ``model`` lives here; each algorithm defines its own kinds in its sub-package's
+``results`` module (``medflare/<algo>/results.py``) and registers each as a ``medflare.result_kinds`` entry point in
+pyproject.toml (the ecosystem's plug-in convention; an installed plug-in package can add kinds the same way).
+:func:`kind` imports a kind's module only when a file of that kind is read, so neither this module nor the CLI
+imports or names an algorithm.
 
 Files load with ``torch.load(weights_only=True)``: no code from a downloaded file runs. The numpy types a
 checkpoint may hold (FLARE's SCAFFOLD keeps its controls as numpy arrays) are allowed by name after
@@ -21,11 +23,9 @@ checkpoint may hold (FLARE's SCAFFOLD keeps its controls as numpy arrays) are al
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import os
 import pickle
-import pkgutil
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,30 +191,41 @@ class ResultKind:
     options: tuple[Option, ...] = field(default=())
 
 
-_KINDS: dict[str, ResultKind] = {}
-_DISCOVERED = False
+#: the entry-point group every result kind is registered in: pyproject.toml's
+#: ``[project.entry-points."medflare.result_kinds"]``, ``<kind name> = "<module>:<ResultKind object>"``; a kind's module
+#: is imported only when that kind is needed
+ENTRY_POINTS = "medflare.result_kinds"
+_LOADED: dict[str, ResultKind] = {}
 
 
-def register(kind: ResultKind) -> ResultKind:
-    """Add ``kind`` to the registry (an algorithm's ``results`` module calls this at import)."""
-    if kind.name in _KINDS and _KINDS[kind.name] is not kind:
-        raise ConfigError(f"result kind '{kind.name}' is registered twice")
-    _KINDS[kind.name] = kind
-    return kind
+def _entry_points() -> dict[str, Any]:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINTS)}
+
+
+def kind_names() -> list[str]:
+    """The names of every registered kind, read from the installed package's entry points (nothing is imported)."""
+    return sorted(_entry_points())
+
+
+def kind(name: str) -> ResultKind:
+    """The registered kind ``name``, its module imported on first use; ResultFileError names the known kinds."""
+    if name not in _LOADED:
+        points = _entry_points()
+        if name not in points:
+            raise ResultFileError(f"unknown result kind '{name}' (known: {sorted(points)}; kinds are the "
+                                  f"'{ENTRY_POINTS}' entry points of the installed medflare)")
+        found = points[name].load()
+        if not isinstance(found, ResultKind) or found.name != name:
+            raise ConfigError(f"entry point '{name}' of '{ENTRY_POINTS}' ({points[name].value}) is not the ResultKind '{name}'")
+        _LOADED[name] = found
+    return _LOADED[name]
 
 
 def kinds() -> dict[str, ResultKind]:
-    """Every registered kind; the first call imports ``medflare.<pkg>.results`` of every sub-package that has one."""
-    global _DISCOVERED
-    if not _DISCOVERED:
-        import medflare
-
-        for info in pkgutil.iter_modules(medflare.__path__):
-            name = f"medflare.{info.name}.results"
-            if info.ispkg and importlib.util.find_spec(name) is not None:
-                importlib.import_module(name)
-        _DISCOVERED = True
-    return dict(_KINDS)
+    """Every registered kind (imports each kind's module: the CLI's per-kind options and ``medflare show`` need them)."""
+    return {name: kind(name) for name in kind_names()}
 
 
 def load_result(path: str | os.PathLike, preset: str | None = None) -> Result:
@@ -222,21 +233,20 @@ def load_result(path: str | os.PathLike, preset: str | None = None) -> Result:
     path = Path(path)
     data = read_checkpoint(path)
     desc = description_of(data)
-    known = kinds()
     if desc is None:
         if preset is None:
             raise ResultFileError(f"result file '{path}' does not say what it holds; pass --preset for a plain state dict")
         desc = describe(preset)
     name, version = desc.get("kind"), int(desc.get("version", 1))
-    if name not in known:
-        raise ResultFileError(f"result file '{path}' holds kind '{name}', which this medflare does not know (known: {sorted(known)})")
-    kind = known[name]
-    if version > kind.version:
+    if name not in kind_names():
+        raise ResultFileError(f"result file '{path}' holds kind '{name}', which this medflare does not know (known: {kind_names()})")
+    found = kind(name)
+    if version > found.version:
         raise ResultFileError(
-            f"result file '{path}' is kind '{name}' version {version}, newer than this medflare reads ({kind.version}); upgrade medflare"
+            f"result file '{path}' is kind '{name}' version {version}, newer than this medflare reads ({found.version}); upgrade medflare"
         )
     data = {**data, CONF_KEY: {**(data.get(CONF_KEY) or {}), DESC_KEY: desc}}
-    return kind.load(data, path)
+    return found.load(data, path)
 
 
 # ---- the generic kind: one network --------------------------------------------------------------
@@ -292,4 +302,4 @@ def _load_model(data: Mapping[str, Any], path: Path) -> ModelResult:
     return ModelResult(path, desc, {"model": network_from(desc["model"], state, f"file '{path}'")})
 
 
-MODEL = register(ResultKind("model", 1, "one network (a global, local or centralised model)", _load_model))
+MODEL = ResultKind("model", 1, "one network (a global, local or centralised model)", _load_model)

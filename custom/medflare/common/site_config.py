@@ -12,6 +12,11 @@ algorithm's documented defaults. Layout (template: app_configs/site/local/medfla
      "per_site": {"site-2": {"privacy": {...}}}} # one machine serving several sites (simulator, POC): overlays by name
 
 Unknown sections are an error naming the file, so a typo does not silently switch a protection off.
+
+The section names are plain data (:data:`SECTIONS`, :data:`ALGORITHM_SECTIONS`), not a registry that algorithms fill:
+one site file serves every job the site runs and every job checks all of it (a FedAvg job must accept the file's
+``fediod`` section), whichever algorithm the process imported. An algorithm that reads its own section adds its name
+to :data:`ALGORITHM_SECTIONS`; this module imports no algorithm (DESIGN.md "Layers").
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ from typing import Any, Mapping
 from medflare import ConfigError
 
 SITE_CONFIG = "medflare_site.json"
-SECTIONS = ("privacy", "compute", "fediod")
+#: sections an algorithm reads itself (each documents its keys where it reads them)
+ALGORITHM_SECTIONS = ("fediod",)
+SECTIONS = ("privacy", "compute", *ALGORITHM_SECTIONS)
 
 
 def read_site_config(local_dir: str | os.PathLike | None, site: str) -> dict[str, dict[str, Any]]:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from monai.losses import DiceCELoss, DiceLoss, FocalLoss
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from medflare import ConfigError, MedflareError
 from medflare.data.loaders import make_loader  # noqa: F401 - the data layer's; the executors, benchmarks and tests import it here

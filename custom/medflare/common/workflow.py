@@ -46,7 +46,7 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.model_controller import ModelController
 
 from medflare import ConfigError, PayloadError, PrivacyError
-from medflare.common.checks import check_int
+from medflare.checks import check_int
 from medflare.common.component import keep_args
 from medflare.common.compute import apply_threads, compute_share
 from medflare.common.aggregation import check_finite_params

@@ -44,7 +44,7 @@ from medflare.common.component import keep_args
 from medflare.common.payload import check_finite, flatten, load_numpy_state, state_to_numpy
 from medflare.common.tracking import SERVER_EVENT_TYPE, SiteTracker
 from medflare.common.training import pick_device
-from medflare.common.checks import check_int
+from medflare.checks import check_int
 from medflare.common.workflow import SiteRounds
 from medflare.fediod import protocol as P
 from medflare.fediod.build import data_shape, server_networks

@@ -1,4 +1,4 @@
-"""The result kind FedIOD saves, registered for ``medflare show | evaluate | predict | sample``.
+"""The result kind FedIOD saves (a ``medflare.result_kinds`` entry point), for ``medflare show | evaluate | predict | sample``.
 
 Kind ``fediod_student`` (:mod:`.persistor`): the student S (what ``evaluate`` / ``predict`` score: accuracy,
 or Dice, sensitivity, specificity, HD95, and AJI / object Dice with ``--metrics`` on instance data) and the
@@ -15,7 +15,7 @@ import torch
 
 from medflare import ConfigError, ResultFileError
 from medflare.common.payload import unflatten
-from medflare.common.results import Predictor, Result, ResultKind, description_of, network_from, register
+from medflare.common.results import Predictor, Result, ResultKind, description_of, network_from
 from medflare.fediod.networks import build_generator
 
 
@@ -61,9 +61,9 @@ def _load(data: Mapping[str, Any], path: Path) -> StudentResult:
     return StudentResult(path, desc, networks, info)
 
 
-STUDENT = register(ResultKind(
+STUDENT = ResultKind(
     name="fediod_student",
     version=1,
     summary="FedIOD student (scored by evaluate/predict) + generator (sample), with each site's (epsilon, delta)",
     load=_load,
-))
+)

@@ -27,7 +27,7 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from medflare import ConfigError, PayloadError
 from medflare.common.component import keep_args
-from medflare.common.checks import check_int
+from medflare.checks import check_int
 from medflare.common.payload import flatten, load_numpy_state, payload_bytes, state_to_numpy, unflatten
 from medflare.common.site_executor import format_metrics
 from medflare.common.workflow import SiteRounds

@@ -29,7 +29,7 @@ from medflare import ConfigError, PayloadError
 from medflare.common.aggregation import apply_diff, weighted_mean
 from medflare.common.component import keep_args
 from medflare.common.payload import flatten, nbytes, payload_bytes, unflatten
-from medflare.common.checks import check_int
+from medflare.checks import check_int
 from medflare.common.workflow import SiteRounds
 from medflare.fedst import comm
 from medflare.fedst import protocol as P

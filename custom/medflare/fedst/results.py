@@ -1,17 +1,18 @@
-"""The result kinds FedST saves, registered for ``medflare show`` / ``evaluate`` / ``predict`` / ``sample``
+"""The result kinds FedST saves (``medflare.result_kinds`` entry points), for ``medflare show`` / ``evaluate`` / ``predict`` /
+``sample``
 (see :mod:`medflare.common.results`): the style store of FedST-separate and the generator of FedST-join,
 each with the federated segmentation model."""
 
-from medflare.common.results import Option, ResultKind, register
+from medflare.common.results import Option, ResultKind
 from medflare.fedst.store import JOIN_GENERATOR, STYLE_STORE, result_from_checkpoint
 
 DOMAIN = Option("domain", "FedST: the site whose style `sample` draws (one of the sites in the file; see `medflare show`)", parse=str)
 
-STYLE_STORE_KIND = register(ResultKind(
+STYLE_STORE_KIND = ResultKind(
     name=STYLE_STORE, version=1, load=result_from_checkpoint, options=(DOMAIN,),
     summary="FedST-separate style store: one label-conditioned diffusion generator per site + the FedAvg segmentation model",
-))
-JOIN_GENERATOR_KIND = register(ResultKind(
+)
+JOIN_GENERATOR_KIND = ResultKind(
     name=JOIN_GENERATOR, version=1, load=result_from_checkpoint, options=(DOMAIN,),
     summary="FedST-join generator: one federated diffusion generator with a domain vector + the FedAvg segmentation model",
-))
+)

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from medflare import ConfigError
-from medflare.common.checks import check_positive_int
+from medflare.checks import check_positive_int
 
 __all__ = ["ConvNet"]
 

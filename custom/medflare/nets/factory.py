@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from medflare import ConfigError
-from medflare.common.checks import check_dropout, check_positive_int
+from medflare.checks import check_dropout, check_positive_int
 from medflare.nets.convnet import ConvNet
 from medflare.nets.resnet import ResNet8, ResNet18
 

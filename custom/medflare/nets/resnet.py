@@ -9,7 +9,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from medflare import ConfigError
-from medflare.common.checks import check_bool, check_positive_int as _check_positive
+from medflare.checks import check_bool, check_positive_int as _check_positive
 
 __all__ = ["BasicBlock", "ResNet8", "ResNet18"]
 

@@ -1,6 +1,7 @@
-"""Argument checks for config values (model builders, workflows, executors), so every bad value reads the same way.
+"""Checks of config values (model builders, presets, workflows, executors), so every bad value reads the same way.
 
-Each names its owner (a model or component name) and the key, and refuses bools where an int is meant.
+Each names its owner (a model or component name) and the key, and refuses bools where an int is meant. The module
+sits in the bottom layer beside the errors (it imports nothing else of medflare), so data, nets and presets use it.
 """
 
 from __future__ import annotations

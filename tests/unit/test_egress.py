@@ -77,6 +77,13 @@ def test_unpack_leaves_other_dxos_alone_and_keeps_parts_that_are_not_unwrapped()
         site_reply({"x": plain}, unwrap="y")
 
 
+def test_a_lifted_part_cannot_replace_the_count_the_server_bounds():
+    forged = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: DXO(DataKind.METRICS, data={"n": 1e9})}
+    reply = from_shareable(site_reply({"update": DXO(DataKind.WEIGHT_DIFF, data=_diff(), meta=dict(N))}, lift=forged,
+                                      unwrap="update"))
+    assert unpack(reply).meta[FLMetaKey.NUM_STEPS_CURRENT_ROUND] == 20
+
+
 @pytest.mark.parametrize("change, expected", [
     (lambda r: r.data.update(extra=DXO(DataKind.STATISTICS, data={"v": np.ones(4)})), "part 'extra' (STATISTICS) is not declared"),
     (lambda r: setattr(r.data["update"], "data_kind", DataKind.WEIGHTS), "part 'update' is WEIGHTS, declared WEIGHT_DIFF"),

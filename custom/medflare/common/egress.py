@@ -82,14 +82,23 @@ def unpack(dxo: DXO) -> DXO:
     if dxo.data_kind != DataKind.COLLECTION or not meta.get(PACKED):
         return dxo
     parts = dict(dxo.data)
-    lifted = {key: parts.pop(key).data for key in meta.get(LIFT) or () if isinstance(parts.get(key), DXO)}
     unwrap = meta.get(UNWRAP) or ""
+    main = parts.pop(unwrap) if unwrap and isinstance(parts.get(unwrap), DXO) else None
     for key in (PACKED, UNWRAP, LIFT):
         meta.pop(key, None)
-    if unwrap and isinstance(parts.get(unwrap), DXO):
-        main = parts.pop(unwrap)
-        return DXO(main.data_kind, data=main.data, meta={**(main.meta or {}), **meta, **lifted})
-    return DXO(DataKind.COLLECTION, data=parts, meta={**meta, **lifted})
+    base = {**((main.meta or {}) if main is not None else {}), **meta}
+    # a lifted part never replaces a meta key the reply already holds nor FLARE's bookkeeping (the count the server
+    # bounds, the filter history): a site cannot smuggle a value past the server's own reading of the reply
+    lifted = {key: parts.pop(key).data for key in meta_list(dxo.meta.get(LIFT))
+              if isinstance(parts.get(key), DXO) and key not in base and key not in BASE_META_KEYS}
+    if main is not None:
+        return DXO(main.data_kind, data=main.data, meta={**base, **lifted})
+    return DXO(DataKind.COLLECTION, data=parts, meta={**base, **lifted})
+
+
+def meta_list(value: Any) -> list[str]:
+    """The names in a list-valued packing key (an empty list for anything else)."""
+    return [v for v in value if isinstance(v, str)] if isinstance(value, (list, tuple)) else []
 
 
 class Intake(Filter):

@@ -1,6 +1,7 @@
-"""The ``medflare`` command: make data, inspect and score saved results, write predictions and samples, run the
-non-federated baselines.
+"""The medflare command: make data, inspect and score saved results, write predictions and samples, run the
+non-federated baselines, audit a job, build the report.
 
+    medflare presets                                             the presets, one line each
     medflare data --preset seg_synthetic -n 4 --out DIR          write sites' data for MEDFLARE_DATA=DIR
     medflare data --from-folder DIR [--out DIR/datalist.json]    a datalist for a folder of image/label pairs
     medflare show --model FILE                                   what a saved result is and what it holds
@@ -11,9 +12,11 @@ non-federated baselines.
     medflare predict --model FILE --datalist JSON --out DIR      one label map per image, with the image's affine and header
     medflare sample --model FILE --labels JSON --out DIR         images generated from label maps (generators)
     medflare baseline --mode local|central --preset P -n 4 --epochs 10 [--out results.json]
+    medflare audit jobs/fedavg                                   what a job's sites send, before approving it
+    medflare report --quick --out DIR                            every method on the same sites: REPORT.md, tables, figures
 
-A saved result says what kind it is; the kind decides what it can do (see ``medflare show``) and which
-extra options it takes (listed per kind below each command's help). Every user error (missing file,
+A saved result says what kind it is; the kind decides what it can do (see 'medflare show') and which extra
+options it takes (listed under the kind's header in each command's help). Every user error (missing file,
 unknown preset, wrong shapes) exits with status 2 and one line naming it.
 """
 
@@ -25,7 +28,19 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from medflare import ConfigError, MedflareError
+from medflare import ConfigError, MedflareError, __version__
+from medflare.common.options import declared_options, options_for
+
+
+def _positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (``-n 0`` is an error, not "the default")."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _sites(args) -> list[str]:
@@ -81,9 +96,7 @@ def _load(args):
 
 def _raw_kind_options(args) -> dict[str, str | None]:
     """``{option name: text or None}`` of every registered kind's options, as given on the command line."""
-    from medflare.common.results import kinds
-
-    return {o.name: getattr(args, o.name, None) for kind in kinds().values() for o in kind.options}
+    return {o.name: getattr(args, o.name, None) for declared in declared_options().values() for o in declared.options}
 
 
 def _kind_options(args, result) -> dict[str, Any]:
@@ -185,43 +198,65 @@ def cmd_report(args) -> dict[str, Any]:
 
 
 # ---- the parser ------------------------------------------------------------------------------
-#: the commands that take the options of a result's kind (the parser imports the kinds only for these)
-KIND_COMMANDS = ("evaluate", "predict", "sample")
+def cmd_presets(args) -> dict[str, Any]:
+    from medflare.presets import PRESETS
+
+    rows = {name: _preset_line(name, preset) for name, preset in PRESETS.items()}
+    width = max(map(len, rows))
+    for name, line in rows.items():
+        print(f"{name:<{width}}  {line}")
+    return rows
 
 
-def _add_kind_options(parser: argparse.ArgumentParser) -> None:
-    """Each registered kind's options, grouped under the kind's name."""
-    from medflare.common.results import kinds
+def _preset_line(name: str, preset: dict[str, Any]) -> str:
+    """One line: task, data, model, algorithm section, and what the preset is for (from its name's suffix)."""
+    data = preset["data"]
+    task = "classification" if data["kind"] in ("synthetic_cls", "npz") else "segmentation"
+    source = {"npz": "a site's MedMNIST-layout .npz", "datalist": "a site's datalist of images",
+              "volumes": "a site's datalist of NIfTI volumes"}.get(data["kind"], "synthetic sites")
+    side = data.get("image_size")
+    size = f", {'x'.join(map(str, side)) if isinstance(side, list) else f'{side}x{side}'} px" if side else ""
+    section = [k for k in ("fedvck", "fediod", "diffusion") if k in preset]
+    use = ("end-to-end tests on 2 CPU cores" if name.endswith("_tiny") else "benchmarks on small sites" if name.endswith("_small") else "the paper's scale" if name.endswith("_paper")
+           else "a laptop CPU in minutes" if data["kind"].startswith("synthetic") else "hospitals' data")
+    return (f"{task}, {source}{size}, model {preset['model']['name']}"
+            + (f", {'+'.join(section)} settings" if section else "") + f"; for {use}")
 
-    seen = set()
-    for kind in kinds().values():
-        fresh = [o for o in kind.options if o.name not in seen]
-        if not fresh:
-            continue
-        group = parser.add_argument_group(f"options of kind '{kind.name}'", kind.summary)
-        for opt in fresh:
+
+def _add_kind_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """The options of the result kinds that ``command`` applies to, one group per algorithm with the kinds named
+    (read from torch-free declarations: building the parser imports no algorithm)."""
+    for title, (names, options) in options_for(command).items():
+        group = parser.add_argument_group(title, f"only for result files of kind {', '.join(names)}")
+        for opt in options:
             group.add_argument(f"--{opt.name}", help=opt.help)
-            seen.add(opt.name)
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="a file a job saved (FL_global_model.pt, a super model, a generator, ...)")
-    p.add_argument("--preset", help="preset of a plain state dict that does not describe itself")
+    p.add_argument("--preset", help="preset of a plain state dict that does not describe itself (a result file that names "
+                                    "its preset refuses another one)")
     p.add_argument("--device", default="auto", help="auto (first GPU when present) | cpu | cuda[:N] (default auto)")
 
 
-def build_parser(kind_options: bool = True) -> argparse.ArgumentParser:
-    """The ``medflare`` parser; ``kind_options`` adds each result kind's options to evaluate / predict / sample, which
-    imports every kind's module (torch, the algorithms): :func:`main` asks for them only when one of those runs."""
+def build_parser() -> argparse.ArgumentParser:
+    """The ``medflare`` parser. It imports no algorithm, torch or MONAI (each command imports what it needs when it
+    runs), so every ``--help`` answers in well under a second; each result kind's options come from its torch-free
+    declaration (:mod:`medflare.common.options`)."""
     parser = argparse.ArgumentParser(prog="medflare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"medflare {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("presets", help="list the presets (dataset, model and training settings a job selects by name)")
+    p.set_defaults(func=cmd_presets, out_json=None)
 
     def add_sites(p):
-        p.add_argument("-n", type=int, help="sites site-1..site-N (default 4)")
+        p.add_argument("-n", type=_positive, help="sites site-1..site-N (default 4)")
         p.add_argument("--sites", help="comma-separated site names (overrides -n)")
 
     p = sub.add_parser("data", help="write synthetic sites to a folder (for MEDFLARE_DATA), or a datalist for a folder")
-    p.add_argument("--preset", default="seg_synthetic")
+    p.add_argument("--preset", default="seg_synthetic",
+                   help="a synthetic preset whose sites to write (default seg_synthetic; see 'medflare presets')")
     p.add_argument("--out", help="folder for synthetic sites; with --from-folder the datalist file (default DIR/datalist.json)")
     p.add_argument("--from-folder", metavar="DIR",
                    help="write a datalist for DIR's image/label pairs (imagesTr/labelsTr, images/masks, one folder per case)")
@@ -243,14 +278,13 @@ def build_parser(kind_options: bool = True) -> argparse.ArgumentParser:
     src.add_argument("--npz", help="MedMNIST-layout .npz")
     src.add_argument("--site", help="a site name resolved like a job does (MEDFLARE_DATA or embedded data)")
     src.add_argument("--sites", help="comma-separated site names: per-site, client-average and global table")
-    src.add_argument("-n", type=int, help="sites site-1..site-N (as --sites)")
+    src.add_argument("-n", type=_positive, help="sites site-1..site-N (as --sites)")
     p.add_argument("--split", default="testing", help="training | validation | testing (default testing)")
     p.add_argument("--metrics", help="comma-separated metric names (default: the preset's)")
-    p.add_argument("--batch-size", type=int, default=8, help="images per forward pass (default 8)")
+    p.add_argument("--batch-size", type=_positive, default=8, help="images per forward pass (default 8)")
     p.add_argument("--verbose", action="store_true", help="also print one line per case")
     p.add_argument("--out", dest="out_json", help="write per-site, per-case and mean results as JSON")
-    if kind_options:
-        _add_kind_options(p)
+    _add_kind_options(p, "evaluate")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("predict", help="write a prediction per image (NIfTI with the image's affine; CSV for classification)")
@@ -260,28 +294,28 @@ def build_parser(kind_options: bool = True) -> argparse.ArgumentParser:
     src.add_argument("--npz", help="MedMNIST-layout .npz")
     p.add_argument("--split", default="testing", help="training | validation | testing (default testing)")
     p.add_argument("--out", required=True, help="folder for the predictions")
-    p.add_argument("--batch-size", type=int, default=8)
-    if kind_options:
-        _add_kind_options(p)
+    p.add_argument("--batch-size", type=_positive, default=8, help="images per forward pass (default 8; it changes no prediction)")
+    _add_kind_options(p, "predict")
     p.set_defaults(func=cmd_predict, out_json=None)
 
     p = sub.add_parser("sample", help="generate images from label maps (or unconditioned) with a saved generator")
     _add_model(p)
     p.add_argument("--labels", help="datalist JSON whose label maps condition the generator")
     p.add_argument("--split", default="testing", help="datalist split of --labels (default testing)")
-    p.add_argument("--num", type=int, default=8, help="images for an unconditioned generator (default 8)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num", type=_positive, default=8, help="images for an unconditioned generator (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generator's noise: the same seed gives the same images (default 0)")
     p.add_argument("--out", required=True, help="folder for the images (NIfTI)")
-    if kind_options:
-        _add_kind_options(p)
+    _add_kind_options(p, "sample")
     p.set_defaults(func=cmd_sample, out_json=None)
 
     p = sub.add_parser("baseline", help="local-only or centralised training on the sites' data")
-    p.add_argument("--mode", required=True, choices=["local", "central"])
-    p.add_argument("--preset", default="seg_synthetic")
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--mode", required=True, choices=["local", "central"],
+                   help="local: each site trains alone on its own data; central: one model on all sites' data pooled")
+    p.add_argument("--preset", default="seg_synthetic", help="dataset, model and training settings (default seg_synthetic; "
+                                                             "see 'medflare presets')")
+    p.add_argument("--epochs", type=_positive, default=10, help="training epochs (default 10)")
     p.add_argument("--overrides", help='JSON merged into the preset, e.g. \'{"train": {"lr": 0.001}}\'')
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help="auto (first GPU when present) | cpu | cuda[:N] (default auto)")
     p.add_argument("--out", dest="out_json", help="write the results table as JSON")
     add_sites(p)
     p.set_defaults(func=cmd_baseline)
@@ -298,11 +332,11 @@ def build_parser(kind_options: bool = True) -> argparse.ArgumentParser:
                                    "the same way; see docs/report.md.")
     p.add_argument("--tasks", default="seg,cls", help="seg, cls or both (default seg,cls)")
     p.add_argument("--out", required=True, help="output folder (records/ in it make a rerun resume)")
-    p.add_argument("--quick", action="store_true", help="small sites, 2 rounds, tiny presets (about 20 min on 2 CPU cores)")
+    p.add_argument("--quick", action="store_true", help="small sites, 2 rounds, tiny presets (578 s on 2 CPU cores, measured for the README)")
     p.add_argument("--methods", help="comma-separated subset, e.g. fedavg,fedsm,local (default: every method of the task)")
     p.add_argument("--sites", help="comma-separated site names (default site-1..site-N of the mode); with MEDFLARE_DATA, your sites")
     p.add_argument("--seeds", help="comma-separated seeds (default: 0 in --quick mode, 0,1,2 in full mode)")
-    p.add_argument("--rounds", type=int, help="rounds per job (default: 2 quick, 10 full)")
+    p.add_argument("--rounds", type=_positive, help="rounds per job (default: 2 quick, 10 full)")
     p.add_argument("--skews", help="Dirichlet betas of the classification tables (default 0.5,0.05)")
     p.add_argument("--rerun", action="store_true", help="run every row again instead of reusing finished ones")
     p.add_argument("--write-only", action="store_true",
@@ -313,7 +347,7 @@ def build_parser(kind_options: bool = True) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(kind_options=bool(set(argv) & set(KIND_COMMANDS))).parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         result = args.func(args)
     except MedflareError as e:

@@ -28,14 +28,14 @@ def open_result(model: str | os.PathLike, preset: str | None = None, device: str
 def kind_options(result, raw: Mapping[str, str | None], model: str | os.PathLike = "") -> dict[str, Any]:
     """The parsed values of ``raw`` (``{option name: text or None}``), each an option of the result's kind; a value
     given for another kind's option is a ConfigError naming both kinds."""
-    from medflare.common.results import kinds
+    from medflare.common.options import declared_options
+    from medflare.common.results import kind
 
-    known = kinds()
-    own = {o.name: o for o in known[result.kind].options}
+    own = {o.name: o for o in kind(result.kind).options}
     owners: dict[str, str] = {}
-    for k in known.values():
-        for o in k.options:
-            owners.setdefault(o.name, k.name)
+    for name, declared in declared_options().items():
+        for o in declared.options:
+            owners.setdefault(o.name, name)
     values = {}
     for name, text in raw.items():
         if text is None:
@@ -78,6 +78,28 @@ def sources(data_cfg: Mapping[str, Any], split: str, *, datalist: str | None = N
         site = load_site(name, data_cfg)
         out[name] = (getattr(site, _split_prefix(split)), site.task, site.num_classes)
     return out
+
+
+def made_up_site_notes(data_cfg: Mapping[str, Any], sites: Sequence[str] | None, trained: Sequence[str] | None) -> list[str]:
+    """One note per site whose synthetic data would be made up on the spot (no MEDFLARE_DATA, a synthetic preset) for a
+    site that is not one of the result's training sites (``trained``, when the file names them) or not one of the
+    embedded synthetic sites (site-1..site-6 of the segmentation style table), so that a typo is never scored silently."""
+    from medflare.data.util import DATA_ENV
+
+    if not sites or os.environ.get(DATA_ENV) or data_cfg.get("kind") != "synthetic_seg":
+        return []  # synthetic_cls refuses a site beyond data.num_sites itself
+    from medflare.data.synthetic_seg import STYLE_TABLE, segmentation_style
+
+    notes = []
+    for site in sites:
+        if trained and site not in trained:
+            why = f"it is not one of the result's training sites ({', '.join(trained)})"
+        elif segmentation_style(site, int(data_cfg.get("seed", 0)))["jitter"] > 0:
+            why = f"it is not one of the embedded synthetic sites site-1..site-{len(STYLE_TABLE)} (a jittered variant of their styles)"
+        else:
+            continue
+        notes.append(f"note: site '{site}' has no data here (${DATA_ENV} is not set): scoring synthetic data made up for it; {why}")
+    return notes
 
 
 def _evaluate_one(label, predictor, sources, metrics, device, batch_size, verbose, data_cfg, log) -> dict[str, Any]:
@@ -143,6 +165,8 @@ def evaluate_result(model: str | os.PathLike, *, datalist: str | None = None, np
     result, dev = open_result(model, preset, device)
     parsed = kind_options(result, options or {}, model)
     data_cfg = result.description["data"]
+    for note in made_up_site_notes(data_cfg, sites, result.description.get("sites")):
+        log(note)
     found = sources(data_cfg, split, datalist=datalist, npz=npz, sites=sites)
     chosen = list(metrics) if metrics else result.preset["eval"]["metrics"]
     log(f"{model}: kind '{result.kind}', preset '{result.description['preset']}', {split} split, device {dev}")

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from medflare import ConfigError, MedflareError, ResultFileError
+from medflare.common.options import Option
 from medflare.presets import get_preset
 
 #: where a file's description lives (FLARE's PT persistor writes ``train_conf``)
@@ -78,6 +79,11 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ResultFileError(f"result file '{path}' does not exist")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):  # torch's zip format, or a legacy pickle
+        raise ResultFileError(f"'{path}' is not a medflare result file: not a torch checkpoint (it starts with {head!r}); "
+                              "give a file a job saved, e.g. <workspace>/server/simulate_job/app_server/FL_global_model.pt")
     try:
         names = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
     except Exception:  # noqa: BLE001 - not a zip checkpoint: torch.load below says why
@@ -127,16 +133,6 @@ class Predictor(Protocol):
     """
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor: ...
-
-
-@dataclass(frozen=True)
-class Option:
-    """A setting a kind accepts from the CLI (``--<name> VALUE``, parsed by ``parse``); a kind may take a
-    list (FedSM's comma-separated gamma sweep) and return one predictor per value."""
-
-    name: str
-    help: str
-    parse: Callable[[str], Any] = float
 
 
 class Result:
@@ -233,6 +229,9 @@ def load_result(path: str | os.PathLike, preset: str | None = None) -> Result:
     path = Path(path)
     data = read_checkpoint(path)
     desc = description_of(data)
+    if desc is not None and preset is not None and preset != desc.get("preset"):
+        raise ResultFileError(f"--preset '{preset}' is for a plain state dict; result file '{path}' says it was trained "
+                              f"with preset '{desc.get('preset')}' and is read with that one (leave --preset out)")
     if desc is None:
         if preset is None:
             raise ResultFileError(f"result file '{path}' does not say what it holds; pass --preset for a plain state dict")

@@ -3,10 +3,9 @@
 (see :mod:`medflare.common.results`): the style store of FedST-separate and the generator of FedST-join,
 each with the federated segmentation model."""
 
-from medflare.common.results import Option, ResultKind
+from medflare.common.results import ResultKind
+from medflare.fedst.options import DOMAIN
 from medflare.fedst.store import JOIN_GENERATOR, STYLE_STORE, result_from_checkpoint
-
-DOMAIN = Option("domain", "FedST: the site whose style `sample` draws (one of the sites in the file; see `medflare show`)", parse=str)
 
 STYLE_STORE_KIND = ResultKind(
     name=STYLE_STORE, version=1, load=result_from_checkpoint, options=(DOMAIN,),

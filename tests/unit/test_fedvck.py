@@ -285,23 +285,46 @@ def test_condensation_lowers_the_loss_and_leaves_the_encoder_alone(latent):
 
 
 def test_condensed_images_are_not_copies_of_real_images():
-    """Condensed from noise on a real site, every condensed image stays farther from its nearest real image than
-    half the typical spacing of the real images themselves; the same check flags a set that copies real images."""
+    """The condensed sets a site sends are not copies of its real images, audited as the job makes them: the e2e job's
+    rounds of its preset (3 x ``fedvck.iterations`` steps, warm-started, each round with the global model the server
+    trained on the previous round's condensed set, importance sampling as the site does it). Every set that leaves stays
+    farther from its nearest real image than half the typical spacing of the real images themselves; the same check
+    flags a set that copies real images."""
     from medflare.data import load_site
-    from medflare.fedvck.condense import stack_dataset
+    from medflare.fedvck.condense import predict_logits, stack_dataset
+    from medflare.fedvck.executor import DEFAULT_MIN_CLASS_IMAGES
 
-    cfg = get_preset("fedvck_synthetic_tiny")
+    cfg, rounds = get_preset("fedvck_synthetic_tiny"), 3  # as tests/e2e/test_fedvck.py runs the job
+    fv = FedVCKConfig.from_preset(cfg)
     x, y = stack_dataset(load_site("site-4", cfg["data"]).train)
     torch.manual_seed(0)
-    model = build_model(cfg["model"]["name"], **cfg["model"]["args"]).eval()
+    model = build_model(cfg["model"]["name"], **cfg["model"]["args"])
+    projector = Projector(model.feature_dim, fv.projector_dim)
     counts = {c: int((y == c).sum()) for c in torch.unique(y).tolist()}
     g = torch.Generator().manual_seed(0)
-    cset = CondensedSet(condensed_sizes(counts, 5, 3), tuple(x.shape[1:]), float(x.mean()), float(x.std()), g)
-    condense(model, cset, x, y, ImportanceSampler(y), iterations=60, real_batch=16, image_lr=0.5, image_momentum=0.5, clip_norm=10.0,
-             augment=DiffAugment("color_crop_cutout_scale_rotate"), generator=g)
-    condensed = dequantize(cset.quantized()[0])
+    cset = CondensedSet(condensed_sizes({c: n for c, n in counts.items() if n >= DEFAULT_MIN_CLASS_IMAGES}, fv.ipc_percent, fv.min_ipc),
+                        tuple(x.shape[1:]), float(x.mean()), float(x.std()), g)
+    augment = DiffAugment(fv.augment)
     spacing = nearest_distances(x, x, exclude_self=True).median()
-    assert nearest_distances(condensed, x).min() > 0.5 * spacing
+    previous, accuracy = None, []
+    for rnd in range(rounds):
+        now = predict_logits(model, x)  # the site's condense task with the global model it received
+        weights = importance_weights(ensemble_error(now, now if previous is None else previous, y, fv.alpha), fv.b)
+        previous = now
+        stats = condense(model, cset, x, y, ImportanceSampler(y, weights), iterations=fv.iterations, real_batch=fv.real_batch,
+                         image_lr=fv.image_lr, image_momentum=fv.image_momentum, clip_norm=fv.clip_norm, kernel=fv.kernel,
+                         latent_constraints=fv.latent_constraints, augment=augment, generator=g)
+        assert stats.steps == fv.iterations
+        images, labels = cset.quantized()  # what leaves the site
+        sent = dequantize(images)
+        nearest = float(nearest_distances(sent, x).min())
+        assert nearest > 0.5 * spacing, f"round {rnd}: a condensed image {nearest:.4f} from a real one (real spacing {spacing:.4f})"
+        # the server's update: the global model learns from the condensed set alone (Eq. 16's CE term)
+        train_global(model, projector, sent, torch.as_tensor(labels), steps=fv.update_steps(len(labels)), batch_size=fv.server_batch,
+                     lr=fv.server_lr, momentum=fv.server_momentum, weight_decay=fv.server_weight_decay, augment=augment, generator=g)
+        accuracy.append(float((predict_logits(model, x).argmax(1) == y).double().mean()))
+    # the last round condensed with a trained encoder: that global model beats the majority class on the real images
+    assert accuracy[-2] > max(counts.values()) / len(y) + 0.05, (accuracy, counts)
     copies = dequantize(quantize(x[:5] + 0.01 * torch.randn(5, *x.shape[1:], generator=g)))  # near-copies of 5 patients
     assert nearest_distances(copies, x).max() < 0.5 * spacing
 

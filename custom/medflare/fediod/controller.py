@@ -125,6 +125,7 @@ class FedIODController(SiteRounds):
         self.distiller = Distiller(self.nets.generator, self.nets.student, self.fcfg, self.task, self.num_classes,
                                    total_steps=steps_total(self.num_rounds, self.fcfg), label_maps=self._auxiliary_labels(),
                                    device=self.torch_device, seed=self.seed, log=self.warning)
+        self._steps_logged = 0  # the distiller's generator steps at the last round's log line
         self.privacy: dict[str, dict] = {}
         self.stopped: dict[str, str] = {}
         self.teachers: dict[str, dict] = {}
@@ -257,7 +258,13 @@ class FedIODController(SiteRounds):
 
     def _log_round(self, rnd: int, stats: Mapping[str, float], seconds: float) -> None:
         eps = {s: p.get("epsilon", float("inf")) for s, p in self.privacy.items()}
-        self.info(f"round {rnd}: {self.distiller.steps} steps, {seconds:.1f} s; losses " + ", ".join(f"{k}={v:.4f}" for k, v in stats.items())
+        # this round's optimisation steps on the record (issue 31): the generator's, and the student's (student_steps each)
+        gen = self.distiller.steps - self._steps_logged
+        self._steps_logged = self.distiller.steps
+        student = gen * self.fcfg.student_steps
+        self.tracker.scalars(self.fl_ctx, {"train/steps_generator": float(gen), "train/steps_student": float(student)}, rnd)
+        self.info(f"round {rnd}: {gen} generator steps and {student} student steps ({self.distiller.steps} generator steps "
+                  f"in all), {seconds:.1f} s; losses " + ", ".join(f"{k}={v:.4f}" for k, v in stats.items())
                   + "; epsilon per site " + ", ".join(f"{s}={e:.4g}" for s, e in sorted(eps.items())))
         self.tracker.scalars(self.fl_ctx, {f"loss/{k}": v for k, v in stats.items()}, rnd)
         self.tracker.scalars(self.fl_ctx, {f"privacy/epsilon_{s}": e for s, e in eps.items()}, rnd)

@@ -158,7 +158,8 @@ class FedVCKController(SiteRounds):
         )
         seconds = time.perf_counter() - tic
         self.tracker.scalars(self.fl_ctx, {"update/loss_ce": stats.ce, "update/loss_rc": stats.rc, "update/loss_total": stats.total,
-                                           "update/images": float(len(labels)), "time/update_s": seconds}, rnd)
+                                           "update/images": float(len(labels)), "time/update_s": seconds,
+                                           "train/steps": float(stats.steps)}, rnd)
         self.info(f"round {rnd}: global update on {len(labels)} condensed images ({len(self.kept)} rounds kept), {stats.steps} steps "
                   f"in {seconds:.1f} s: L_ce {stats.ce:.4f}, L_rc {stats.rc:.4f}; hard negatives {negs}")
         self._images(rnd)

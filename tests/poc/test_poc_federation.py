@@ -181,7 +181,8 @@ def test_class_outside_the_allow_list_is_refused(fed, jobs, sess):
 
 def test_fedavg_through_the_admin_api(fed, jobs, sess, tmp_path):
     """Allow-list job (no app/custom): completes, sites read their data from local/medflare_data.json,
-    the server saved models and TensorBoard scalars, and the downloaded model scores with `medflare evaluate`."""
+    the server saved models and TensorBoard scalars, the model learned (the sites' validation Dice rose from round 0),
+    and the downloaded model scores with `medflare evaluate`."""
     job_id = jobs["fedavg"]
     meta = _wait(sess, job_id)
     assert meta["status"] == "FINISHED:COMPLETED", meta
@@ -199,6 +200,11 @@ def test_fedavg_through_the_admin_api(fed, jobs, sess, tmp_path):
     for site, tags in ((s, scalars[s]) for s in fed.sites):
         assert [s for s, _ in tags["val_global/dice"]] == list(range(ROUNDS)), (site, tags.keys())
         assert len(tags["train_loss"]) == ROUNDS
+    # the federation learned: the sites' mean validation Dice of the global model they received in the last round is
+    # above round 0's (the initial model) by a margin (the same job in the simulator with these sites: 0.051 -> 0.224)
+    dice = {s: dict(scalars[s]["val_global/dice"]) for s in fed.sites}
+    first, last = (float(np.mean([dice[s][r] for s in fed.sites])) for r in (0, ROUNDS - 1))
+    assert last > first + 0.1, dice
     # the federation trained: the saved global model is not the initial one every site started from
     init = model_from_preset(PRESET).state_dict()
     final = read_checkpoint(ws / "app_server" / "FL_global_model.pt")["model"]

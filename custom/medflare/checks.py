@@ -24,6 +24,13 @@ def check_positive_number(owner: str, key: str, value: object) -> float:
     return float(value)
 
 
+def check_fraction(owner: str, key: str, value: object) -> float:
+    """``value`` as a float in (0, 1] (a share of something: ``train.max_batch_fraction``); ConfigError otherwise."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 1:
+        raise ConfigError(f"{owner}: '{key}' must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
 def check_positive_int(owner: str, key: str, value: object) -> int:
     """``value`` as an int >= 1 (bools refused)."""
     return check_int(owner, key, value, 1)

@@ -13,7 +13,14 @@ Keys of a preset:
             (cap on local steps per round, 0 = no cap), and (defaults in :data:`DEFAULTS`, every preset
             has them) ``num_workers`` (data-loader worker processes; a site's ``compute.workers`` wins),
             ``gpu_batch_size`` (the batch size when the site trains on a GPU; 0 = ``batch_size``), ``amp``
-            ("off" | "bf16" | "fp16": mixed-precision training, :func:`medflare.common.training.train_epochs`).
+            ("off" | "bf16" | "fp16": mixed-precision training, :func:`medflare.common.training.train_epochs`), and
+            a round's local work on small sites (issue 31; defaults in :data:`SMALL_SITE_DEFAULTS`, chosen from
+            benchmarks/RESULTS_small_sites.md): ``min_steps`` (a round trains at least this many optimiser steps AND at
+            least ``epochs`` epochs, the loader cycling until both hold, still capped by ``max_steps`` when > 0),
+            ``max_batch_fraction`` (in (0, 1]: a batch never holds more than this share of the site's training cases,
+            at least 1; applied when the site's data is loaded and named in its start-up line) and ``warn_steps`` (a
+            site logs one warning line for a round of fewer steps, e.g. cut by ``max_steps`` or an abort). Every
+            algorithm's local supervised training reads them through :func:`medflare.common.training.local_work`.
     eval:   ``metrics`` reported each round (names from :mod:`medflare.metrics`), ``key_metric``, and
             (defaults in :data:`DEFAULTS`) ``batch_size`` (cases per forward pass in validation; 0 =
             ``train.batch_size``; it changes no score) and ``costly_every`` (rounds between the costly metrics
@@ -31,6 +38,18 @@ from typing import Any, Mapping
 
 from medflare import ConfigError
 from medflare.data.limits import LIMIT_DEFAULTS
+
+#: a round's local work on small sites (issue 31), chosen from benchmarks/RESULTS_small_sites.md (FedAvg, 6 sites of
+#: 57-152 training images, Dirichlet(0.5), 10 rounds, balanced test accuracy; centralised 0.980, 0.998 at these
+#: defaults): without them 1-3 steps a round and 0.357 (3 of 4 classes predicted); min_steps 25 at batch cap 0.1: 0.978
+#: in 9.1 s, the cheapest row within the issue's 10 points of centralised (25 at 0.25: 0.913 in 18.4 s; 50 at 0.25: 0.980
+#: in 36.6 s; 10: 0.47-0.60; one seed a row). A
+#: 5000-image site is unchanged (79 steps of 64 either way). ``warn_steps`` 10: a round cut below 10 steps (by
+#: ``max_steps`` or an abort) is named in the site's log.
+SMALL_SITE_DEFAULTS: dict[str, Any] = {"min_steps": 25, "max_batch_fraction": 0.1, "warn_steps": 10}
+#: the same keys switched off (the behaviour before issue 31): the *_tiny presets, which exist for the speed of the
+#: end-to-end suite on a 2-core CPU (their sites hold 5-250 cases); tests/e2e/test_small_sites.py runs the defaults
+SMALL_SITE_OFF: dict[str, Any] = {"min_steps": 0, "max_batch_fraction": 1.0, "warn_steps": 0}
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Laptop default: 64x64 synthetic fundus-like sites, 2 foreground classes (disc rim, cup).
@@ -51,7 +70,8 @@ PRESETS: dict[str, dict[str, Any]] = {
             "name": "unet",
             "args": {"in_channels": 1, "out_channels": 3, "channels": [8, 16, 32], "strides": [2, 2]},
         },
-        "train": {"epochs": 3, "batch_size": 4, "lr": 1e-2, "optimizer": "adam", "loss": "dicece", "max_steps": 0},
+        "train": {"epochs": 3, "batch_size": 4, "lr": 1e-2, "optimizer": "adam", "loss": "dicece", "max_steps": 0,
+                  **SMALL_SITE_OFF},
         "eval": {"metrics": ["dice"], "key_metric": "dice"},
     },
     # FedSM paper scale (256x256, reference UNet 16..256 with 2 residual units, batch 1, 100 rounds).
@@ -107,9 +127,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+
 #: keys every preset has unless it sets them (merged under the preset by :func:`get_preset`)
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "train": {"num_workers": 0, "gpu_batch_size": 0, "amp": "off"},
+    "train": {"num_workers": 0, "gpu_batch_size": 0, "amp": "off", **SMALL_SITE_DEFAULTS},
     "eval": {"batch_size": 0, "costly_every": 5},
 }
 
@@ -137,13 +158,15 @@ def _merge(base: dict, overrides: Mapping, where: str) -> dict:
 #: instead of training nothing (``lr`` 0, rc 0) or failing later inside torch (``lr`` -0.01, ``batch_size`` 0).
 SETTING_LOWER_BOUNDS: dict[str, int | None] = {
     "train.epochs": 1, "train.batch_size": 1, "train.lr": None, "train.max_steps": 0, "train.num_workers": 0,
-    "train.gpu_batch_size": 0, "eval.batch_size": 0, "eval.costly_every": 0,
+    "train.gpu_batch_size": 0, "train.min_steps": 0, "train.warn_steps": 0, "eval.batch_size": 0, "eval.costly_every": 0,
 }
+#: settings that are a share in (0, 1], checked by :func:`check_settings` too
+SETTING_FRACTIONS = ("train.max_batch_fraction",)
 
 
 def check_settings(cfg: Mapping[str, Any], owner: str) -> None:
     """The :data:`SETTING_LOWER_BOUNDS` keys that ``cfg`` (a merged preset) has, each in range; ConfigError names the key."""
-    from medflare.checks import check_int, check_positive_number
+    from medflare.checks import check_fraction, check_int, check_positive_number
 
     for key, low in SETTING_LOWER_BOUNDS.items():
         section, name = key.split(".")
@@ -154,6 +177,10 @@ def check_settings(cfg: Mapping[str, Any], owner: str) -> None:
             check_positive_number(owner, key, value)
         else:
             check_int(owner, key, value, low)
+    for key in SETTING_FRACTIONS:
+        section, name = key.split(".")
+        if name in (cfg.get(section) or {}):
+            check_fraction(owner, key, cfg[section][name])
 
 
 def get_preset(name: str, overrides: Mapping | None = None) -> dict[str, Any]:
@@ -188,7 +215,7 @@ PRESETS["cls_synthetic_tiny"] = _derive(
     {
         "data": {"scale": 0.34},
         "model": {"args": {"in_channels": 1, "num_classes": 10, "image_size": 28, "width": 32}},
-        "train": {"epochs": 2, "batch_size": 32, "lr": 2e-2},
+        "train": {"epochs": 2, "batch_size": 32, "lr": 2e-2, **SMALL_SITE_OFF},
     },
 )
 
@@ -342,7 +369,7 @@ PRESETS["fediod_cls_tiny"] = _fediod(
     "cls_synthetic",
     {"data": {"num_sites": 3, "beta": 0.2, "scale": 0.5},
      "model": {"name": "convnet", "args": {"in_channels": 1, "num_classes": 10, "image_size": 28, "width": 16}},
-     "train": {"epochs": 20, "batch_size": 32, "lr": 0.02}},
+     "train": {"epochs": 20, "batch_size": 32, "lr": 0.02, **SMALL_SITE_OFF}},
     {**_FEDIOD_CLS_GAN, "batch_size": 32, "steps_per_window": 8, "windows_per_round": 10, "lambda_bn": 10.0},
 )
 # FedIOD paper scale (CIFAR setting): K=20 sites, Dir(0.1), 32x32, ResNet-8 (128/256/512) teachers and student,

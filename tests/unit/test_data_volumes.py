@@ -15,17 +15,17 @@ from medflare import DataError
 from medflare.baselines.standalone import run_standalone
 from medflare.data import load_site
 from medflare.data.datalists import read_datalist
-from medflare.presets import get_preset
+from medflare.presets import SMALL_SITE_OFF, get_preset
 from medflare.testing.hospital_data import ORIENTED, write_volume_site
 
 SHAPE = (24, 20, 10)  # stored array; ORIENTED: axis 0 -> A/P 0.8 mm, axis 1 -> S/I 0.9 mm, axis 2 -> L/R 3 mm
 NO_AUG = {"flip": 0.0, "rotate": 0.0, "intensity": 0.0, "contrast": 0.0, "prob": 0.0}
 TINY_2D = {"data": {"image_size": [16, 24], "augment": NO_AUG},
            "model": {"args": {"in_channels": 1, "out_channels": 2, "channels": [8, 16, 32], "strides": [2, 2]}},
-           "train": {"batch_size": 8, "lr": 1e-2}}
+           "train": {"batch_size": 8, "lr": 1e-2, **SMALL_SITE_OFF}}  # the curve starts from one epoch of the old work
 TINY_3D = {"data": {"patch": {"size": [16, 16, 8], "per_volume": 4}, "augment": NO_AUG},
            "model": {"args": {"in_channels": 1, "out_channels": 2, "channels": [8, 16, 32], "strides": [2, 2], "spatial_dims": 3}},
-           "train": {"batch_size": 2, "lr": 1e-2}}
+           "train": {"batch_size": 2, "lr": 1e-2, **SMALL_SITE_OFF}}
 
 
 @pytest.fixture(scope="module")

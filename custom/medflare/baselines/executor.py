@@ -18,7 +18,7 @@ from medflare.common.egress import site_reply
 from medflare.common.payload import check_finite, load_numpy_state, state_to_numpy, weight_diff
 from medflare.common.update_guard import tree_norm
 from medflare.common.site_executor import SiteExecutor, format_metrics
-from medflare.common.training import make_loss, make_optimizer, train_epochs
+from medflare.common.training import local_work, make_loss, make_optimizer, train_epochs
 
 
 #: name of the weight-diff part of a reply
@@ -87,9 +87,8 @@ class SupervisedExecutor(SiteExecutor):
             self.loader("train", shuffle=True, round_num=rnd),
             self.loss_fn,
             self.optimizer,
-            epochs=train["epochs"],
+            **local_work(train),
             device=self.torch_device,
-            max_steps=train.get("max_steps", 0),
             extra_loss=extra_loss,
             after_step=after_step,
             should_stop=lambda: abort_signal.triggered,
@@ -97,7 +96,7 @@ class SupervisedExecutor(SiteExecutor):
         )
         train_s = time.perf_counter() - tic
         self.tracker.scalars(fl_ctx, {"train_loss": stats.mean_loss, "time/train_s": train_s}, rnd)
-        self.log_info(fl_ctx, f"round {rnd}: {stats.steps} local steps, mean loss {stats.mean_loss:.4f} (train {train_s:.2f} s)")
+        self.log_steps(fl_ctx, rnd, stats.steps, f"mean loss {stats.mean_loss:.4f} (train {train_s:.2f} s)")
 
         diff = weight_diff(state_to_numpy(self.model), sent)
         check_finite(diff, self.site)

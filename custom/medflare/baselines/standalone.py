@@ -16,7 +16,7 @@ from torch.utils.data import ConcatDataset
 
 from medflare import MedflareError
 from medflare.common.report import site_table
-from medflare.common.training import batch_size_for, make_loader, make_loss, make_optimizer, pick_device, train_epochs
+from medflare.common.training import batch_size_for, capped_batch_size, local_work, make_loader, make_loss, make_optimizer, pick_device, short_round, train_epochs
 from medflare.data import SiteData, load_site
 from medflare.metrics import evaluate
 from medflare.nets import build_from_spec
@@ -79,14 +79,18 @@ def _fit(model, train_set, val_sites: Mapping[str, SiteData], cfg, epochs, dev, 
     loss_fn = make_loss(train["loss"], task)
     key = cfg["eval"]["key_metric"]
     curve = []
-    for epoch in range(epochs):
+    batch = capped_batch_size(batch_size_for(train, dev), len(train_set), train.get("max_batch_fraction", 1.0))
+    for epoch in range(epochs):  # an epoch here is a federated job's round: the same local work (local_work)
         stats = train_epochs(
-            model, make_loader(train_set, batch_size_for(train, dev), True, seed + epoch), loss_fn, optimizer,
-            epochs=1, device=dev, max_steps=train.get("max_steps", 0), amp=train["amp"],
+            model, make_loader(train_set, batch, True, seed + epoch), loss_fn, optimizer,
+            **{**local_work(train), "epochs": 1}, device=dev, amp=train["amp"],
         )
         scores = [_evaluate(model, d, cfg, "val", dev)["mean"][key] for d in val_sites.values()]
         curve.append(sum(scores) / len(scores))
-        log(f"{label}: epoch {epoch + 1}/{epochs} loss {stats.mean_loss:.4f} val {key} {curve[-1]:.4f}")
+        log(f"{label}: epoch {epoch + 1}/{epochs}: {stats.steps} steps (batch {batch}), loss {stats.mean_loss:.4f} val {key} {curve[-1]:.4f}")
+        warning = short_round(label, stats.steps, train)
+        if warning:
+            log(f"warning: {warning}")
     return curve
 
 

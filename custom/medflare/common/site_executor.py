@@ -27,7 +27,7 @@ from medflare.common.compute import ComputeShare, apply_threads, compute_share
 from medflare.common.site_config import read_site_config, setting
 from medflare.common.site_errors import error_reply
 from medflare.common.tracking import SiteTracker, StreamPolicy
-from medflare.common.training import batch_size_for, make_loader, one_line, pick_device
+from medflare.common.training import batch_size_for, capped_batch_size, make_loader, one_line, pick_device, short_round
 from medflare.data import SiteData, load_site
 from medflare.data.site import confine_job_paths, job_path_roots
 from medflare.metrics import evaluate, metrics_for_round, overlay_image
@@ -111,6 +111,7 @@ class SiteExecutor(Executor):
                 self.tracker.policy = StreamPolicy.from_site_config(self.site_config, self.site)  # the site's, not the job's
                 self._take_machine_share(fl_ctx)
                 self.data = load_site(self.site, self.cfg["data"], local_dir=local_dir)
+                batch_note = self._cap_batch()
                 torch.manual_seed(self.seed)
                 self.setup(fl_ctx)
             except MedflareError as e:  # the message names the site and the file or key
@@ -123,7 +124,7 @@ class SiteExecutor(Executor):
                 fl_ctx,
                 f"site '{self.site}': preset '{self.preset}', data {self.data.source} "
                 f"(train {len(self.data.train)}, val {len(self.data.val)}, test {len(self.data.test)}), device {self.torch_device}, "
-                f"batch size {self.cfg['train']['batch_size']}; {self.compute.describe(self._threads)}",
+                f"batch size {self.cfg['train']['batch_size']}{batch_note}; {self.compute.describe(self._threads)}",
             )
             self.log_info(fl_ctx, f"site '{self.site}' {self.tracker.policy.describe()}")
         elif event_type == EventType.END_RUN and self.site:
@@ -138,6 +139,27 @@ class SiteExecutor(Executor):
         device = setting(self.site_config, "compute", "device", self.device, lambda v: isinstance(v, str) and bool(v), self.site)
         self.torch_device = pick_device(device)
         train["batch_size"] = batch_size_for(train, self.torch_device)  # subclasses read it from the preset
+
+    def _cap_batch(self) -> str:
+        """Cap ``train.batch_size`` at ``train.max_batch_fraction`` of this site's training cases (issue 31: a small site
+        takes several steps an epoch); returns the note for the start-up line ("" when the cap does not bind)."""
+        train, n = self.cfg["train"], len(self.data.train)
+        fraction = train.get("max_batch_fraction", 1.0)
+        wanted = train["batch_size"]
+        train["batch_size"] = capped_batch_size(wanted, n, fraction)
+        if train["batch_size"] == wanted:
+            return ""
+        return f" (preset {wanted}, capped at train.max_batch_fraction {fraction} of its {n} training cases)"
+
+    def log_steps(self, fl_ctx: FLContext, rnd: int, steps: int, detail: str = "") -> None:
+        """One round's optimisation steps on the record, the same way at every algorithm's site: the ``train/steps``
+        scalar, the line ``round r: N local steps[, detail]`` and, when ``steps`` is below ``train.warn_steps``, one
+        warning line naming the site, the steps and the knob to raise (:func:`medflare.common.training.short_round`)."""
+        self.tracker.scalars(fl_ctx, {"train/steps": float(steps)}, rnd)
+        self.log_info(fl_ctx, f"round {rnd}: {steps} local steps" + (f", {detail}" if detail else ""))
+        warning = short_round(self.site, steps, self.cfg["train"])
+        if warning:
+            self.log_warning(fl_ctx, warning)
 
     def setup(self, fl_ctx: FLContext) -> None:
         """Build models and optimisers once the site's data is known (called at START_RUN)."""

@@ -92,12 +92,15 @@ def train_epochs(
     epochs: int,
     device: torch.device | str = "cpu",
     max_steps: int = 0,
+    min_steps: int = 0,
     extra_loss: Callable[[torch.nn.Module], torch.Tensor] | None = None,
     after_step: Callable[[torch.nn.Module], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     amp: str = "off",
 ) -> TrainStats:
-    """Train ``model`` for ``epochs`` passes over ``loader`` (at most ``max_steps`` steps if > 0).
+    """Train ``model`` for ``epochs`` passes over ``loader`` and at least ``min_steps`` optimiser steps (the loader
+    cycles until both hold, then stops: ``max(epochs * len(loader), min_steps)`` steps; preset key
+    ``train.min_steps``), at most ``max_steps`` steps if > 0.
 
     ``extra_loss(model)`` is added to the data loss (e.g. FedProx); ``after_step(model)`` runs after each
     optimiser step (e.g. SCAFFOLD); ``should_stop()`` lets FLARE's abort signal end the loop early.
@@ -113,7 +116,9 @@ def train_epochs(
     scaler = torch.amp.GradScaler(device_type, enabled=amp == "fp16")
     stats = TrainStats()
     model.train()
-    for _ in range(epochs):
+    done = 0
+    while done < epochs or stats.steps < min_steps:
+        before = stats.steps
         for batch in loader:
             if should_stop is not None and should_stop():
                 return stats
@@ -133,9 +138,36 @@ def train_epochs(
             stats.steps += 1
             stats.samples += int(image.shape[0])
             stats.losses.append(float(loss.detach()))
-            if max_steps and stats.steps >= max_steps:
-                return stats
+            if (max_steps and stats.steps >= max_steps) or (done >= epochs and stats.steps >= min_steps):
+                return stats  # the floor's extra pass stops as soon as the floor is met
+        done += 1
+        if stats.steps == before:  # an empty loader: no epoch can add a step
+            return stats
     return stats
+
+
+def local_work(train: Mapping[str, Any]) -> dict[str, int]:
+    """A round's local work from a preset's ``train`` section, as :func:`train_epochs` keywords: ``epochs`` epochs and
+    at least ``min_steps`` steps, at most ``max_steps`` (0 = no cap). Every algorithm's local supervised training
+    passes it, so a small site's round does not shrink to one or two steps."""
+    return {"epochs": int(train["epochs"]), "min_steps": int(train.get("min_steps", 0) or 0),
+            "max_steps": int(train.get("max_steps", 0) or 0)}
+
+
+def capped_batch_size(batch_size: int, num_train: int, fraction: float) -> int:
+    """``batch_size`` capped at ``fraction`` of a site's ``num_train`` training cases (at least 1): preset key
+    ``train.max_batch_fraction``, so a 50-case site takes several steps an epoch instead of one."""
+    return max(1, min(int(batch_size), int(fraction * num_train)))
+
+
+def short_round(site: str, steps: int, train: Mapping[str, Any]) -> str | None:
+    """The one warning line for a round of fewer than ``train.warn_steps`` optimiser steps (None when it has enough)."""
+    floor = int(train.get("warn_steps", 0) or 0)
+    if steps >= floor:
+        return None
+    return (f"site '{site}': this round took {steps} optimisation steps, fewer than train.warn_steps {floor} "
+            f"(train.max_steps {train.get('max_steps', 0)}, or an abort, cut it short); raise train.min_steps "
+            f"(now {train.get('min_steps', 0)}) or train.max_steps so the round trains")
 
 
 def batch_size_for(train: Mapping[str, Any], device: torch.device | str) -> int:

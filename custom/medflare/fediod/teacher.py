@@ -26,13 +26,13 @@ import torch
 
 from medflare import ConfigError, DataError, ResultFileError
 from medflare.common.results import describe, load_result, ModelResult, save_checkpoint
-from medflare.common.training import make_loader, make_loss, make_optimizer, train_epochs
+from medflare.common.training import capped_batch_size, local_work, make_loader, make_loss, make_optimizer, train_epochs
 from medflare.data.util import cache_root
 from medflare.nets import build_from_spec
 
 SECTION = "fediod"
 SECTION_KEYS = ("teacher", "teacher_train", "checkpoint_dir", "retrain")
-TRAIN_KEYS = ("epochs", "batch_size", "lr", "optimizer", "loss", "max_steps")
+TRAIN_KEYS = ("epochs", "batch_size", "lr", "optimizer", "loss", "max_steps", "min_steps", "max_batch_fraction")
 
 
 def data_args(name: str, in_channels: int, num_classes: int, image_size: int) -> dict[str, int]:
@@ -80,18 +80,18 @@ def checkpoint_file(folder: Path, site: str, source: Path, spec: Mapping[str, An
 
 def train_teacher(spec: Mapping[str, Any], train: Mapping[str, Any], dataset, task: str, device, seed: int = 0,
                   should_stop: Callable[[], bool] | None = None) -> tuple[torch.nn.Module, float]:
-    """Train a fresh ``spec`` network on ``dataset`` for ``train["epochs"]`` epochs; returns (model, mean loss of the last epoch)."""
+    """Train a fresh ``spec`` network on ``dataset`` for ``train["epochs"]`` epochs (and at least ``train.min_steps`` steps, at a
+    batch capped by ``train.max_batch_fraction``); returns (model, mean loss of the last epoch's worth of steps)."""
     torch.manual_seed(seed)
     model = build_from_spec(spec).to(device)
     opt = make_optimizer(train["optimizer"], model.parameters(), train["lr"])
     loss_fn = make_loss(train["loss"], task)
-    loader = make_loader(dataset, int(train["batch_size"]), True, seed=seed)
-    last = float("nan")
-    for _ in range(int(train["epochs"])):
-        stats = train_epochs(model, loader, loss_fn, opt, epochs=1, device=device, max_steps=int(train.get("max_steps", 0) or 0),
-                             should_stop=should_stop)
-        last = stats.mean_loss
-    return model.eval(), last
+    batch = capped_batch_size(int(train["batch_size"]), len(dataset), train.get("max_batch_fraction", 1.0))
+    loader = make_loader(dataset, batch, True, seed=seed)
+    # the teacher's whole training is its one round of local work: train.epochs epochs and at least train.min_steps steps
+    stats = train_epochs(model, loader, loss_fn, opt, **local_work(train), device=device, should_stop=should_stop)
+    last = stats.losses[-len(loader):]
+    return model.eval(), float(sum(last) / len(last)) if last else float("nan")
 
 
 def save_teacher(path: Path, model: torch.nn.Module, spec: Mapping[str, Any], preset: str, overrides: Mapping[str, Any] | None,

@@ -43,7 +43,7 @@ from medflare.common.payload import (check_finite, flatten, load_numpy_state, nb
                                     unflatten, weight_diff)
 from medflare.common.site_config import setting
 from medflare.common.site_executor import SiteExecutor, format_metrics
-from medflare.common.training import make_loss, make_optimizer, train_epochs
+from medflare.common.training import local_work, make_loss, make_optimizer, train_epochs
 from medflare.fedsm import protocol as P
 from medflare.fedsm.density import site_gaussian
 from medflare.fedsm.extra import extra_labels, head_gradient_step, per_case_losses
@@ -228,14 +228,15 @@ class FedSMExecutor(SiteExecutor):
         train = self.cfg["train"]
         sent = {P.GLOBAL: models[P.GLOBAL], P.PERSON: self._own(models, idx)}
         nets = {P.GLOBAL: (self.global_model, self.opt_global), P.PERSON: (self.person_model, self.opt_person)}
-        losses = {}
+        losses, steps = {}, {}
         for name, (net, opt) in nets.items():
             result = train_epochs(
-                net, self.loader("train", shuffle=True, round_num=rnd), self.loss_fn, opt, epochs=train["epochs"],
-                max_steps=train.get("max_steps", 0), device=self.torch_device, should_stop=lambda: abort_signal.triggered,
+                net, self.loader("train", shuffle=True, round_num=rnd), self.loss_fn, opt, **local_work(train),
+                device=self.torch_device, should_stop=lambda: abort_signal.triggered,
             )
-            losses[f"train_loss_{name}"] = result.mean_loss
+            losses[f"train_loss_{name}"], steps[name] = result.mean_loss, result.steps
         self.tracker.scalars(fl_ctx, losses, rnd)
+        self.log_steps(fl_ctx, rnd, min(steps.values()), "each of " + " and ".join(f"{name} {k}" for name, k in steps.items()))
         diff = flatten({name: weight_diff(state_to_numpy(nets[name][0]), sent[name]) for name in nets})
         check_finite(diff, self.site)
         return self._reply(fl_ctx, {P.WEIGHTS_PART: DXO(DataKind.WEIGHT_DIFF, data=diff, meta={FLMetaKey.NUM_STEPS_CURRENT_ROUND: n}),

@@ -37,7 +37,7 @@ from medflare.common.component import keep_args
 from medflare.common.egress import site_reply
 from medflare.common.payload import check_finite, flatten, load_numpy_state, payload_bytes, state_to_numpy, unflatten, weight_diff
 from medflare.common.site_executor import SiteExecutor, format_metrics
-from medflare.common.training import make_loader, make_loss, make_optimizer, train_epochs
+from medflare.common.training import local_work, make_loader, make_loss, make_optimizer, train_epochs
 from medflare.data.util import stable_seed
 from medflare.fedst import protocol as P
 from medflare.fedst.cache import JOIN_KEY, SiteStyleCache
@@ -302,8 +302,8 @@ class SegmentationExecutor(FedSTSiteExecutor):
             term = CrossDomainTerm(self.loss_fn, batches, lam, self.torch_device)
         tic = time.perf_counter()
         stats = train_epochs(
-            self.model, self.loader("train", shuffle=True, round_num=rnd), self.loss_fn, self.optimizer, epochs=train["epochs"],
-            device=self.torch_device, max_steps=train.get("max_steps", 0), extra_loss=term, should_stop=lambda: abort_signal.triggered,
+            self.model, self.loader("train", shuffle=True, round_num=rnd), self.loss_fn, self.optimizer, **local_work(train),
+            device=self.torch_device, extra_loss=term, should_stop=lambda: abort_signal.triggered,
         )
         train_s = time.perf_counter() - tic
         losses = {"train/loss_seg": stats.mean_loss, "time/seg_train_s": train_s, "time/validate_s": validate_s}
@@ -311,7 +311,7 @@ class SegmentationExecutor(FedSTSiteExecutor):
             losses["train/loss_cds"] = term.mean
             self.log_cross_domain(fl_ctx, syn, rnd)
         self.tracker.scalars(fl_ctx, losses, rnd)
-        self.log_info(fl_ctx, f"round {rnd}: {stats.steps} segmentation steps (lambda {lam}, synthetic style "
+        self.log_steps(fl_ctx, rnd, stats.steps, f"segmentation (lambda {lam}, synthetic style "
                               f"{domain or 'none'}), L_Seg {stats.mean_loss:.4f}, L_CDS {losses.get('train/loss_cds', float('nan')):.4f}, {train_s:.1f} s")
         diff = flatten({P.SEG: weight_diff(state_to_numpy(self.model), sent)})
         check_finite(diff, self.site)

@@ -165,9 +165,9 @@ def short_round(site: str, steps: int, train: Mapping[str, Any]) -> str | None:
     floor = int(train.get("warn_steps", 0) or 0)
     if steps >= floor:
         return None
-    return (f"site '{site}': this round took {steps} optimisation steps, fewer than train.warn_steps {floor} "
-            f"(train.max_steps {train.get('max_steps', 0)}, or an abort, cut it short); raise train.min_steps "
-            f"(now {train.get('min_steps', 0)}) or train.max_steps so the round trains")
+    return (f"site '{site}': this round took {steps} optimisation steps, fewer than train.warn_steps {floor}; raise "
+            f"train.min_steps (now {train.get('min_steps', 0)}) or train.max_steps (now {train.get('max_steps', 0)}, 0 = no "
+            f"cap) so the round trains, unless an abort cut it short")
 
 
 def batch_size_for(train: Mapping[str, Any], device: torch.device | str) -> int:

@@ -46,7 +46,8 @@ def fed(tmp_path_factory):
         yield federation
 
 
-def _job(fed, src: str, name: str, *, rounds=ROUNDS, sites=None, scope=None, byoc=False, client_component=None):
+def _job(fed, src: str, name: str, *, rounds=ROUNDS, sites=None, scope=None, byoc=False, client_component=None,
+         preset=PRESET):
     """A copy of jobs/<src>, tiny, optionally on some sites, with a privacy scope; without app/custom unless byoc."""
     sites = sites or fed.sites
     workflow_args = {"num_rounds": rounds}
@@ -56,7 +57,7 @@ def _job(fed, src: str, name: str, *, rounds=ROUNDS, sites=None, scope=None, byo
     if sites != fed.sites:
         deploy_map = json.loads((REPO / "jobs" / src / "meta.json").read_text())["deploy_map"]
         meta.update(deploy_map={app: ["server", *sites] for app in deploy_map}, min_clients=len(sites))
-    job = poc_job(fed, src, name, PRESET, keep_custom=byoc, meta=meta, workflow_args=workflow_args)
+    job = poc_job(fed, src, name, preset, keep_custom=byoc, meta=meta, workflow_args=workflow_args)
     if client_component:
         path = job / "app" / "config" / "config_fed_client.json"
         config = json.loads(path.read_text())
@@ -74,6 +75,7 @@ def jobs(fed):
         "byoc": dict(src="fedavg", byoc=True),
         "not_allowed": dict(src="fedavg", rounds=1, client_component={"id": "outsider", "path": "json.decoder.JSONDecoder", "args": {}}),
         "dead_site": dict(src="fedavg", rounds=50),
+        "no_data": dict(src="fedavg", preset="cls_medmnist"),  # the sites hold no .npz: every site fails at start
         "fedavg": dict(src="fedavg"),
         "plain_1site": dict(src="fedavg", rounds=1, sites=[site]),
         "strict_1site": dict(src="fedavg", rounds=1, sites=[site], scope="strict"),
@@ -269,3 +271,19 @@ def test_fedsm_through_the_admin_api(fed, jobs, sess, tmp_path):
     assert set(scalars) >= set(fed.sites), scalars.keys()
     assert SUPER_MODEL_FILE in saved and BEST_SUPER_MODEL_FILE in saved, saved
     _evaluate(fed, ws / "app_server" / SUPER_MODEL_FILE, tmp_path / "eval.json")
+
+
+def test_sites_that_cannot_start_end_the_job_in_bounded_time_naming_them(fed, jobs, sess):
+    """Issue 28 in a real federation: a job whose preset needs data no site holds (a MedMNIST .npz) must not leave the
+    server waiting: each site answers its task with an error naming its cause, and the server ends the job with one
+    line naming every missing site and why."""
+    job_id = jobs["no_data"]
+    start = time.time()
+    meta = _wait(sess, job_id)
+    assert meta["status"] != "FINISHED:COMPLETED", meta
+    ws = _download(fed, sess, job_id)
+    server_log = "\n".join(p.read_text() for p in ws.rglob("log*.txt"))
+    line = next((x for x in server_log.splitlines() if "0 of 2 sites answered" in x), "")
+    assert line and all(site in line for site in fed.sites), (meta["status"], server_log[-3000:])
+    assert line.count(".npz") >= len(fed.sites), line  # each site's cause: no MedMNIST file in its data folder
+    print(f"no data: job ended {meta['status']} within {time.time() - start:.1f} s of the test's wait; server: {line[:300]}")

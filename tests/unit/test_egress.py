@@ -201,6 +201,8 @@ def test_the_egress_audit_passes_declared_parts_and_scalar_events_and_flags_unkn
     assert violations(rows, _manifest()) == []
     undeclared = declare({"train": [Send("update", "WEIGHT_DIFF", "diff")]})
     assert any(f"part '{CTRL}' (WEIGHT_DIFF) of task 'train' is not declared" in v for v in violations(rows, undeclared))
+    other = declare({"validate": [Send("update", "WEIGHT_DIFF", "diff")]})
+    assert any("task 'train' is not in the job's manifest" in v for v in violations(rows, other))
     other = _records({("my_channel", "x"): Shareable()})
     assert any("a channel the bundle does not declare" in v for v in violations(other, None))
 

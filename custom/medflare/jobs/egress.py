@@ -42,11 +42,13 @@ FILE_NAME = "egress.jsonl"
 SENDERS = ("send_request", "fire_and_forget", "broadcast_request", "broadcast_multi_requests", "queue_message")
 #: an array with more elements than this outside a declared part is data leaving unseen (a scalar box is not)
 SMALL = 16
+#: (channel, topic) of a task result: FLARE's submit_update, which the site's task result filters saw
+TASK_RESULT = ("server_command", "submit_update")
 #: (channel, topic) pairs a site job process uses with the bundle ("*": any topic of FLARE's own channel); measured on
 #: the simulator: the task protocol, FLARE's download service (the site fetching a large task, or the server pulling a
 #: large result), aux messages of known topics (analytics events, FLARE's task check, medflare's task-ready probe)
 CHANNELS = {
-    ("server_command", "get_task"), ("server_command", "submit_update"), ("task", "*"),
+    ("server_command", "get_task"), TASK_RESULT, ("task", "*"),
     ("download_service__", "*"),
     ("aux_communication", "fed.event"), ("aux_communication", "__task_check__"), ("aux_communication", "medflare.task_ready"),
 }
@@ -230,7 +232,7 @@ def violations(records: Iterable[dict], manifest: Mapping[str, Any] | None) -> l
                 and k not in BASE_META_KEYS]
         task = r.get("task")
         declared = (manifest or {}).get(task, {}).get("parts") if manifest is not None else None
-        if manifest is not None and r.get("channel") == "task" and task and declared is None:
+        if manifest is not None and (r["channel"], r["topic"]) == TASK_RESULT and declared is None:
             out.append(f"{where}: task '{task}' is not in the job's manifest")
             continue
         for name, part in dxo["parts"].items():

@@ -55,8 +55,9 @@ class StreamPolicy:
 
     def describe(self) -> str:
         """One phrase for the site's start-up log line."""
-        streams = [what for what, on in (("scalars", self.scalars), ("pictures of its data", self.images)) if on]
-        stays = [what for what, on in (("scalars", self.scalars), ("pictures of its data", self.images)) if not on]
+        channels = (("scalars", self.scalars), ("pictures of its data", self.images))
+        streams = [what for what, on in channels if on]
+        stays = [what for what, on in channels if not on]
         return (f"streams {' and '.join(streams) or 'nothing'} to the server's TensorBoard"
                 + (f"; {' and '.join(stays)} stay in its own (tb_events/ of its run folder)" if stays else "")
                 + " (privacy.stream_scalars / stream_images of its medflare_site.json)")

@@ -181,7 +181,3 @@ def image_counts(tb_root: str | os.PathLike) -> dict[str, int]:
         out[site_dir.name] = sum(len(acc.Images(t)) for t in acc.Tags().get("images", []))
     return out
 
-
-def count_images(tb_root: str | os.PathLike) -> int:
-    """Number of image summaries under ``tb_root`` (all its folders)."""
-    return sum(image_counts(tb_root).values())

@@ -184,13 +184,15 @@ def _meta_problems(meta: Mapping[str, Any], allowed: set[str], where: str) -> li
     for key, value in (meta or {}).items():
         if key not in allowed:
             problems.append(f"{where} meta key '{key}' is not declared (declared: {sorted(allowed)})")
-        elif not _is_small_scalar(value):
+        elif not is_small_scalar(value):
             problems.append(f"{where} meta '{key}' holds {type(value).__name__}, not a scalar: data rides in parts, "
                             "where the site's filters see it")
     return problems
 
 
-def _is_small_scalar(value: Any) -> bool:
+def is_small_scalar(value: Any) -> bool:
+    """What a meta value may be: a number, a flag, None, a short text or a short list of short texts (the site's
+    :class:`ManifestFilter` and the test suite's egress audit apply this one rule)."""
     if value is None or isinstance(value, (bool, int, float)):
         return True
     if isinstance(value, str):

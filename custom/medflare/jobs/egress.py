@@ -34,7 +34,7 @@ from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import ReservedHeaderKey, Shareable
 
-from medflare.common.egress import BASE_META_KEYS, RESULT, kind_name
+from medflare.common.egress import BASE_META_KEYS, RESULT, is_small_scalar, kind_name
 from medflare.common.site_config import read_site_config
 
 FILE_NAME = "egress.jsonl"
@@ -96,6 +96,7 @@ def describe_payload(payload: Any) -> dict:
     parts = dict(dxo.data) if dxo.data_kind == DataKind.COLLECTION and isinstance(dxo.data, Mapping) else {RESULT: dxo}
     row["dxo"] = {
         "kind": kind_name(dxo.data_kind), "meta": _meta_types(dxo.meta),
+        "meta_not_scalar": sorted(str(k) for k, v in (dxo.meta or {}).items() if not is_small_scalar(v)),
         "meta_arrays": _describe_arrays(dxo.meta),
         "analytics_type": str((dxo.meta or {}).get("analytics_data_type", "")),
         "parts": {name: ({"kind": kind_name(p.data_kind), "meta": _meta_types(p.meta), "meta_arrays": _describe_arrays(p.meta),
@@ -228,8 +229,7 @@ def violations(records: Iterable[dict], manifest: Mapping[str, Any] | None) -> l
                 out += [f"{where}: array in an analytics event: {a}" for a in _big(_all_arrays(dxo))]
             continue
         out += [f"{where}: array in meta: {a}" for a in _big(dxo["meta_arrays"])]
-        out += [f"{where}: meta '{k}' is a {t}" for k, t in dxo["meta"].items() if t in ("dict", "list", "ndarray", "Tensor")
-                and k not in BASE_META_KEYS]
+        out += [f"{where}: meta '{k}' is a {dxo['meta'][k]}" for k in dxo.get("meta_not_scalar", []) if k not in BASE_META_KEYS]
         task = r.get("task")
         declared = (manifest or {}).get(task, {}).get("parts") if manifest is not None else None
         if manifest is not None and (r["channel"], r["topic"]) == TASK_RESULT and declared is None:

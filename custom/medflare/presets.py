@@ -34,7 +34,7 @@ on every device (the paper's optimisation), and their comments give the GPU sett
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from medflare import ConfigError
 from medflare.data.limits import LIMIT_DEFAULTS
@@ -194,6 +194,34 @@ def get_preset(name: str, overrides: Mapping | None = None) -> dict[str, Any]:
     cfg = _merge(_with_defaults(PRESETS[name]), overrides or {}, "")
     check_settings(cfg, f"preset '{name}'")
     return cfg
+
+
+def overrides_from_assignments(assignments: Sequence[str]) -> dict[str, Any]:
+    """Nested overrides from ``key=value`` strings (``medflare run --set train.lr=0.01 --set fediod.ensemble=mean``).
+
+    The key is a dotted path into the preset; the value is read as JSON when it parses (numbers, true/false, lists,
+    objects) and kept as a string otherwise. Later assignments win; ConfigError names a malformed assignment.
+    Whether a key exists is checked where the overrides are merged (:func:`get_preset`).
+    """
+    import json
+
+    out: dict[str, Any] = {}
+    for text in assignments:
+        key, sep, raw = text.partition("=")
+        path = key.strip().split(".")
+        if not sep or not all(path):
+            raise ConfigError(f"--set expects key=value with a dotted key (e.g. train.lr=0.01), got {text!r}")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        node = out
+        for part in path[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[path[-1]] = value
+    return out
 
 
 def _with_defaults(preset: Mapping[str, Any]) -> dict[str, Any]:

@@ -116,3 +116,15 @@ def test_algorithm_sections_are_checked_by_their_algorithm():
         FedVCKConfig.from_preset(get_preset("fedvck_synthetic_tiny", {"fedvck": {"bogus": 1}}))
     with pytest.raises(ConfigError, match="unknown config key 'fedvck'"):
         get_preset("cls_synthetic", {"fedvck": {"kernel": "gaussian"}})
+
+
+def test_overrides_from_assignments_builds_nested_json_values():
+    from medflare.presets import overrides_from_assignments
+
+    got = overrides_from_assignments(["train.lr=0.01", "fediod.ensemble=mean", "model.args.channels=[8,16]", "train.lr=0.02",
+                                      "data.augment.flip=false"])
+    assert got == {"train": {"lr": 0.02}, "fediod": {"ensemble": "mean"}, "model": {"args": {"channels": [8, 16]}},
+                   "data": {"augment": {"flip": False}}}
+    for bad in ("train.lr", "=3", "train..lr=1"):
+        with pytest.raises(ConfigError, match="key=value"):
+            overrides_from_assignments([bad])

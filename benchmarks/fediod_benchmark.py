@@ -10,7 +10,7 @@ federated protocol.
     add --paper for the paper's scale (ResNet-8, K=20, 32x32, 300 rounds; days on a CPU)
 
 FedIOD rows run stage 1 (one teacher per site) and stage 2 in one process through the same site and server code the
-FLARE job runs (:class:`medflare.fediod.server.LocalFederation`; tests/unit/test_fediod_protocol.py shows the two give
+FLARE job runs (:class:`medflare.fediod.distill.LocalFederation`; tests/unit/test_fediod_protocol.py shows the two give
 the same generator gradients), so a table costs minutes instead of a simulator run per cell. FedAvg runs the shipped
 jobs/fedavg in the FLARE simulator on the same preset (data, network, local training), centralised training is
 ``medflare baseline --mode central``, "standalone" is each site's teacher on the union of the sites' test splits
@@ -35,11 +35,12 @@ from torch.utils.data import ConcatDataset
 
 from medflare.common.training import make_loader, pick_device
 from medflare.data import load_site
-from medflare.fediod.build import label_counts, server_networks, site_distiller
+from medflare.fediod.networks import server_networks
 from medflare.fediod.config import FedIODConfig
 from medflare.fediod.privacy import PrivacySettings
 from medflare.fediod.samples import sample_grid
-from medflare.fediod.server import Distiller, LocalFederation, SiteInfo, steps_total
+from medflare.fediod.distill import Distiller, LocalFederation, SiteInfo, steps_total
+from medflare.fediod.site_distill import label_counts, site_distiller
 from medflare.fediod.teacher import data_args, train_teacher
 from medflare.metrics import evaluate
 from medflare.presets import get_preset

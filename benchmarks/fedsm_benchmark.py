@@ -38,7 +38,9 @@ from medflare.common.report import markdown_table  # noqa: E402
 from medflare.common.training import make_loader  # noqa: E402
 from medflare.data import load_site  # noqa: E402
 from medflare.fedsm.routing import selection_frequency  # noqa: E402
-from medflare.fedsm.supermodel import DEFAULT_GAMMA, SUPER_MODEL_FILE, load_super_model  # noqa: E402
+from medflare.fedsm.persistor import SUPER_MODEL_FILE  # noqa: E402
+from medflare.fedsm.results import load_super_model  # noqa: E402
+from medflare.fedsm.routing import DEFAULT_GAMMA  # noqa: E402
 from medflare.presets import get_preset  # noqa: E402
 from medflare.report.runner import run_job  # noqa: E402
 

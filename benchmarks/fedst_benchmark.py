@@ -45,9 +45,10 @@ from fedsm_benchmark import run_fedsm  # noqa: E402
 from medflare.common.training import make_loader, make_loss, make_optimizer, train_epochs  # noqa: E402
 from medflare.data import load_site  # noqa: E402
 from medflare.fedst import comm  # noqa: E402
-from medflare.fedst.diffusion import (build_generator, cycle, diffusion_config, generator_args, generator_optimizer,  # noqa: E402
+from medflare.fedst.diffusion import (build_style_generator, cycle, diffusion_config, generator_args, generator_optimizer,  # noqa: E402
                                       sample_images, sampling_scheduler, train_generator, training_scheduler)
-from medflare.fedst.store import FILE_OF, load_fedst_result  # noqa: E402
+from medflare.fedst.persistor import FILE_OF  # noqa: E402
+from medflare.fedst.results import load_fedst_result  # noqa: E402
 from medflare.metrics import dice  # noqa: E402
 from medflare.metrics.site_mean import class_presence, site_mean  # noqa: E402
 from medflare.nets import build_from_spec  # noqa: E402
@@ -167,7 +168,7 @@ def quality_part(preset: str, style: str, labels_of: str, configs: list[tuple[st
         dcfg = diffusion_config({**cfg["diffusion"], "scheduler": scheduler})
         if scheduler not in trained:
             torch.manual_seed(seed)
-            gen = build_generator(generator_args(dcfg, styled.in_channels, styled.num_classes))
+            gen = build_style_generator(generator_args(dcfg, styled.in_channels, styled.num_classes))
             tic = time.perf_counter()
             losses = train_generator(gen, training_scheduler(dcfg), generator_optimizer(gen, dcfg),
                                      cycle(lambda e: make_loader(styled.train, dcfg["batch_size"], True, seed=e)), train_steps)

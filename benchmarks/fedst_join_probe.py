@@ -37,7 +37,7 @@ from medflare.common.training import make_loader
 from medflare.data import load_site
 from medflare.data.util import stable_seed
 from medflare.fedst.conditioning import participation_mean
-from medflare.fedst.diffusion import (build_generator, cycle, diffusion_config, generator_args, generator_optimizer,
+from medflare.fedst.diffusion import (build_style_generator, cycle, diffusion_config, generator_args, generator_optimizer,
                                       sample_images, sampling_scheduler, train_generator, training_scheduler)
 from medflare.presets import get_preset
 
@@ -71,14 +71,14 @@ def train(args, cfg, datas, sites, num_classes, in_channels) -> tuple[torch.nn.M
     batches = {s: _batches(datas[s], diff["batch_size"], args.seed, s) for s in sites}
     losses: list[float] = []
     if args.mode == "central":
-        generator = build_generator(gen_args)
+        generator = build_style_generator(gen_args)
         optimizer = generator_optimizer(generator, diff)
         for step in range(args.steps):
             k = step % len(sites)
             losses += train_generator(generator, scheduler, optimizer, batches[sites[k]], 1, domain_index=k,
                                       loss=diff["loss"], seed=args.seed * 100003 + step)
         return generator, losses
-    glob = build_generator(gen_args)
+    glob = build_style_generator(gen_args)
     local = {s: copy.deepcopy(glob) for s in sites}
     optim = {s: generator_optimizer(local[s], diff) for s in sites}
     rounds = max(1, args.steps // (len(sites) * args.local_steps))

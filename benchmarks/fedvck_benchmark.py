@@ -43,7 +43,7 @@ from compare_baselines import run_fl, run_standalone_row, score_sites  # noqa: E
 from medflare.common.payload import nbytes, state_to_numpy  # noqa: E402
 from medflare.common.persistence import model_from_preset  # noqa: E402
 from medflare.common.results import load_result  # noqa: E402
-from medflare.fedvck.checkpoint import RESULT_FILE  # noqa: E402
+from medflare.fedvck.persistor import RESULT_FILE  # noqa: E402
 from medflare.presets import get_preset  # noqa: E402
 from medflare.report.runner import run_job  # noqa: E402
 

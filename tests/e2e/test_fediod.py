@@ -13,10 +13,11 @@ import torch
 
 from medflare.cli import main as medflare_main
 from medflare.common.results import load_result
-from medflare.fediod.build import label_counts, server_networks, site_distiller
+from medflare.fediod.networks import server_networks
 from medflare.fediod.config import FedIODConfig
 from medflare.fediod.persistor import BEST_STUDENT_FILE, STUDENT_FILE
-from medflare.fediod.server import Distiller, LocalFederation, SiteInfo, steps_total
+from medflare.fediod.distill import Distiller, LocalFederation, SiteInfo, steps_total
+from medflare.fediod.site_distill import label_counts, site_distiller
 from medflare.fediod.teacher import load_teacher
 from medflare.data import load_site
 from medflare.presets import get_preset

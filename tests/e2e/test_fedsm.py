@@ -27,7 +27,8 @@ from medflare.common.payload import state_to_numpy
 from medflare.common.training import make_loss
 from medflare.data import load_site
 from medflare.fedsm import protocol as P
-from medflare.fedsm.supermodel import BEST_SUPER_MODEL_FILE, SUPER_MODEL_FILE, load_super_model
+from medflare.fedsm.persistor import BEST_SUPER_MODEL_FILE, SUPER_MODEL_FILE
+from medflare.fedsm.results import load_super_model
 from medflare.metrics import evaluate
 from medflare.jobs.customize import customize_job
 from medflare.jobs.simulate import run_simulator

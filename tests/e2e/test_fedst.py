@@ -22,7 +22,8 @@ from medflare.common.training import make_loader, make_loss, make_optimizer, tra
 from medflare.data import load_site
 from medflare.fedst.diffusion import exchange_steps
 from medflare.fedst.executor import CACHE_FOLDER
-from medflare.fedst.store import BEST_FILE_OF, FILE_OF, load_fedst_result
+from medflare.fedst.persistor import BEST_FILE_OF, FILE_OF
+from medflare.fedst.results import load_fedst_result
 from medflare.metrics import dice
 from medflare.nets import build_from_spec
 from medflare.presets import get_preset

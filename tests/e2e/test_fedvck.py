@@ -15,7 +15,7 @@ import torch
 
 from medflare.cli import main as medflare_main
 from medflare.data import load_site
-from medflare.fedvck.checkpoint import RESULT_FILE
+from medflare.fedvck.persistor import RESULT_FILE
 from medflare.presets import get_preset
 from medflare.jobs.customize import customize_job
 from medflare.jobs.simulate import run_simulator
@@ -139,5 +139,5 @@ def test_fedavg_is_refused_under_no_weights_and_the_job_ends(repo, tmp_path):
     # the sites' DXOBlocker refused every weight diff; ResilientFedAvg then ends the job (within the timeout) with no update
     assert "DXO kind WEIGHT_DIFF is blocked" in run.log or "TASK_RESULT_FILTER_ERROR" in run.log, run.log[-4000:]
     assert "Round 1 started" not in run.log, run.log[-4000:]
-    # ... because no site answered round 0 (medflare.baselines.workflows), not for some other reason
+    # ... because no site answered round 0 (medflare.baselines.controller), not for some other reason
     assert "ResilientFedAvg round 0: 0 of 2 sites answered" in run.log, run.log[-4000:]

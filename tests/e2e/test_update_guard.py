@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from medflare.common.results import read_checkpoint
-from medflare.fedsm.supermodel import SUPER_MODEL_FILE
+from medflare.fedsm.persistor import SUPER_MODEL_FILE
 from medflare.jobs.customize import customize_job
 from medflare.jobs.simulate import run_simulator
 

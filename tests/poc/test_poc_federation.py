@@ -23,7 +23,7 @@ import pytest
 
 from medflare.common.results import load_result, read_checkpoint
 from medflare.common.persistence import model_from_preset
-from medflare.fedsm.supermodel import BEST_SUPER_MODEL_FILE, SUPER_MODEL_FILE
+from medflare.fedsm.persistor import BEST_SUPER_MODEL_FILE, SUPER_MODEL_FILE
 from medflare.jobs.simulate import read_scalars
 
 from . import poc_federation, poc_job, pocfed

@@ -163,7 +163,9 @@ def test_local_and_central_baselines_learn(tmp_path):
 def _super_model(path, sites=("site-1", "site-2")):
     """Global and personalised models with different weights; a selector that finds every case fully typical of site index 1."""
     from medflare.fedsm.selector import selector_spec
-    from medflare.fedsm.supermodel import save_super_model, super_model_description, super_model_network
+    from medflare.fedsm.persistor import save_super_model
+    from medflare.fedsm.results import super_model_description
+    from medflare.fedsm.supermodel import super_model_network
 
     nets = {name: model_from_preset(TINY, seed=seed) for name, seed in (("global", 0), ("p0", 1), ("p1", 2))}
     spec = selector_spec(get_preset(TINY)["model"], sites, global_class=False)

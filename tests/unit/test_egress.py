@@ -225,7 +225,7 @@ def test_fediod_label_counts_are_noised_under_dp_and_accounted():
 def test_a_scope_can_block_fedvcks_condensed_set_or_cap_and_noise_it():
     from medflare.fedvck import protocol as FP
     from medflare.fedvck.filters import CondensedSetFilter
-    from medflare.fedvck.reply import pack_reply
+    from medflare.fedvck.protocol import pack_reply
 
     images, labels = np.full((6, 1, 8, 8), 128, np.uint8), np.array([0, 0, 0, 1, 1, 1])
     reply = lambda: pack_reply(images, labels, np.zeros((2, 2)), np.array([3, 3]), {"accuracy": 0.5}).to_shareable()  # noqa: E731

@@ -1,4 +1,4 @@
-"""The federated split of FedIOD's generator gradient (medflare.fediod.server docstring): the server's own term plus
+"""The federated split of FedIOD's generator gradient (medflare.fediod.distill docstring): the server's own term plus
 each site's vector-Jacobian product equals, with noise off, the gradient of the single-process loss on the same
 networks and batches; a site's NaN is dropped and named; class-count mismatches and budgets are handled."""
 
@@ -10,10 +10,10 @@ import torch
 from medflare import PayloadError
 from medflare.fediod import losses as L
 from medflare.fediod.config import FedIODConfig
-from medflare.fediod.networks import LabelGenerator, LatentGenerator, PatchCritic, one_hot
+from medflare.nets.gan import LabelGenerator, LatentGenerator, PatchCritic, one_hot
 from medflare.fediod.privacy import PrivacySettings
-from medflare.fediod.server import Distiller, LocalFederation, SiteInfo
-from medflare.fediod.site import SiteDistiller
+from medflare.fediod.distill import Distiller, LocalFederation, SiteInfo
+from medflare.fediod.site_distill import SiteDistiller
 from medflare.nets import ConvNet, ResNet8, build_unet
 from medflare.nets.batchnorm import forward_with_bn_prior
 

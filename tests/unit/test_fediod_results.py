@@ -8,7 +8,7 @@ import torch
 from medflare import ConfigError, ResultFileError
 from medflare.cli import main as medflare_main
 from medflare.common.results import load_result
-from medflare.fediod.build import server_networks
+from medflare.fediod.networks import server_networks
 from medflare.fediod.persistor import describe_student
 from medflare.fediod.teacher import checkpoint_file, load_teacher, save_teacher, teacher_settings
 from medflare.nets import build_from_spec

@@ -19,7 +19,9 @@ from medflare.fedsm.routing import GLOBAL, SuperModelPredictor, route, selection
 from medflare.fedsm.scoring import case_scorer, one_pass, site_score, summarize
 from medflare.fedsm.selector import build_selector, encoder_features, selector_spec, unet_down_blocks
 from medflare.fedsm.softpull import softpull
-from medflare.fedsm.supermodel import (load_super_model, save_super_model, super_model_description, super_model_network)
+from medflare.fedsm.persistor import save_super_model
+from medflare.fedsm.results import load_super_model, super_model_description
+from medflare.fedsm.supermodel import super_model_network
 from medflare.presets import get_preset
 
 TINY = "seg_synthetic_tiny"
@@ -161,7 +163,7 @@ def test_selector_stem_copies_the_global_encoder_and_types_sites():
     assert typ.shape == (3, 3) and torch.count_nonzero(typ[:, [0, 2]]) == 0 and (typ[:, 1] > 0).all()
     with pytest.raises(ConfigError, match="unknown keys"):
         selector_spec(MODEL, ["a"], False, {"width": 3})
-    with pytest.raises(ConfigError, match="unknown FedSM selector"):
+    with pytest.raises(ConfigError, match="unknown selector name 'vgg11_selector'"):
         build_selector({"name": "vgg11_selector", "args": {}})
     with pytest.raises(PayloadError, match="site 0"):
         sel.set_site(0, {"n": 3})

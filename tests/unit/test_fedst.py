@@ -17,11 +17,12 @@ from medflare.fedst import comm
 from medflare.fedst import protocol as P
 from medflare.fedst.conditioning import check_domain_vectors, domain_vectors, encode_labels, participation_mean
 from medflare.fedst.controller import FedSTSeparateController
-from medflare.fedst.diffusion import (build_generator, cycle, diffusion_config, exchange_steps, generator_args, generator_optimizer,
+from medflare.fedst.diffusion import (build_style_generator, cycle, diffusion_config, exchange_steps, generator_args, generator_optimizer,
                                       sample_images, sampling_scheduler, simple_loss, train_generator, training_scheduler)
 from medflare.fedst.losses import CrossDomainTerm, segmentation_loss
 from medflare.fedst.persistor import fedst_description, fedst_generator_args
-from medflare.fedst.store import check_compatible, load_fedst_result, save_result
+from medflare.fedst.persistor import save_result
+from medflare.fedst.results import check_compatible, load_fedst_result
 from medflare.nets import build_from_spec
 from medflare.presets import get_preset
 
@@ -30,7 +31,7 @@ TINY = {"channels": [8, 16], "num_res_blocks": 1, "attention_levels": [False, Fa
 
 def _generator(num_domains=0, num_classes=3, seed=0, perturb=True):
     torch.manual_seed(seed)
-    gen = build_generator(generator_args({"generator": TINY}, 1, num_classes, num_domains))
+    gen = build_style_generator(generator_args({"generator": TINY}, 1, num_classes, num_domains))
     if perturb:  # MONAI zero-initialises the last conv of every block: an untrained UNet outputs 0 whatever the input
         with torch.no_grad():
             for p in gen.parameters():
@@ -177,7 +178,7 @@ def test_simple_loss_against_a_hand_computed_case():
 def test_generator_training_lowers_l_simple_and_sampling_is_seeded():
     cfg = diffusion_config({"generator": TINY, "scheduler": "rflow", "sample_steps": 4, "lr": 3e-3})
     torch.manual_seed(0)
-    gen = build_generator(generator_args(cfg, 1, 3))
+    gen = build_style_generator(generator_args(cfg, 1, 3))
     lab = _labels(16)
     images = torch.where(lab == 1, 0.8, torch.where(lab == 2, 0.2, 0.5)).float()
     data = [{"image": images[i], "label": lab[i]} for i in range(16)]
@@ -306,7 +307,7 @@ def _save(tmp_path, variant="separate", preset="fedst_tiny", sites=("site-1", "s
     args = fedst_generator_args(preset, None, len(sites) if join else 0)
     torch.manual_seed(0)
     seg = state_to_numpy(build_from_spec(get_preset(preset)["model"]))
-    gens = {s: state_to_numpy(build_generator(args)) for s in sites}
+    gens = {s: state_to_numpy(build_style_generator(args)) for s in sites}
     path = tmp_path / f"{variant}.pt"
     save_result(path, description=fedst_description(preset, None, variant), sites=sites, generator_args=args, segmentation=seg,
                 generators=None if join else gens, generator_state=gens[sites[0]] if join else None,

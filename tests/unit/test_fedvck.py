@@ -16,7 +16,8 @@ from medflare.common.results import describe, load_result
 from medflare.fedvck import protocol as P
 from medflare.fedvck.audit import nearest_distances
 from medflare.fedvck.augment import DiffAugment, check_strategy
-from medflare.fedvck.checkpoint import FedVCKResult, save_result
+from medflare.fedvck.persistor import save_result
+from medflare.fedvck.results import FedVCKResult
 from medflare.fedvck.condense import CondensedSet, condense, condensed_sizes, dequantize, quantize
 from medflare.fedvck.config import FedVCKConfig
 from medflare.fedvck.contrastive import Projector, relation_mask, relational_contrastive_loss
@@ -26,7 +27,7 @@ from medflare.fedvck.importance import ImportanceSampler, class_probabilities, e
 from medflare.fedvck.latent import bn_statistics
 from medflare.fedvck.mmd import MULTIPLIERS, classwise_mmd, mmd2
 from medflare.fedvck.prototypes import aggregate_prototypes, feature_prototypes, hard_negatives, logit_prototypes
-from medflare.fedvck.reply import pack_reply, unpack_reply
+from medflare.fedvck.protocol import pack_reply, unpack_reply
 from medflare.fedvck.update import kept_images, train_global
 from medflare.nets import build_model
 from medflare.presets import get_preset

@@ -96,10 +96,10 @@ def test_every_shipped_preset_passes_its_own_checks():
 @pytest.mark.parametrize("workflow", ["ResilientFedAvg", "ResilientScaffold"])
 def test_zero_rounds_is_a_config_error_of_the_baseline_workflows(workflow):
     """``num_rounds`` 0 ended rc 0 with "Finished FedAvg" and no model file (medflare's own workflows already refused it)."""
-    from medflare.baselines import workflows
+    from medflare.baselines import controller
 
     with pytest.raises(ConfigError, match=rf"{workflow}: 'num_rounds' must be a positive int, got 0"):
-        getattr(workflows, workflow)(num_rounds=0)
+        getattr(controller, workflow)(num_rounds=0)
 
 
 def test_algorithm_sections_are_checked_by_their_algorithm():

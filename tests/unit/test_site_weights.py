@@ -10,7 +10,7 @@ from nvflare.app_common.app_constant import AlgorithmConstants
 from nvflare.app_common.workflows.scaffold import scaffold_aggregate_fn
 
 from medflare import PayloadError
-from medflare.baselines.workflows import ResilientFedAvg, ResilientScaffold
+from medflare.baselines.controller import ResilientFedAvg, ResilientScaffold
 from medflare.common.aggregation import apply_diff, as_float64, cast_back, weighted_mean
 from medflare.common.site_errors import CAUSE_HEADER, error_reply
 from medflare.common.site_weights import SiteWeights, reported_count

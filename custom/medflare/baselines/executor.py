@@ -13,16 +13,13 @@ from nvflare.app_common.app_constant import AlgorithmConstants
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from medflare.baselines.corrections import ScaffoldState, fedprox_term
+from medflare.baselines.protocol import TASK_TRAIN, UPDATE
 from medflare.common.component import keep_args
 from medflare.common.egress import site_reply
 from medflare.common.payload import check_finite, load_numpy_state, state_to_numpy, weight_diff
 from medflare.common.update_guard import tree_norm
 from medflare.common.site_executor import SiteExecutor, format_metrics
 from medflare.common.training import local_work, make_loss, make_optimizer, train_epochs
-
-
-#: name of the weight-diff part of a reply
-UPDATE = "update"
 
 
 class SupervisedExecutor(SiteExecutor):
@@ -44,7 +41,7 @@ class SupervisedExecutor(SiteExecutor):
     Args: see :class:`medflare.common.site_executor.SiteExecutor`; ``train_task`` names the task. Default "train".
     """
 
-    def __init__(self, *args, train_task: str = "train", **kwargs):
+    def __init__(self, *args, train_task: str = TASK_TRAIN, **kwargs):
         super().__init__(*args, **kwargs)
         keep_args(self, train_task=train_task)
         self.register_task(train_task, self.train)

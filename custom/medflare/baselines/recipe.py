@@ -1,7 +1,7 @@
 """Recipes of the baseline jobs (jobs/fedavg, jobs/fedprox, jobs/scaffold): FLARE's FedAvg / Scaffold workflows,
 the preset's network as initial model, FLARE's IntimeModelSelector for the best model, our SupervisedExecutor.
 
-The workflows (:mod:`medflare.baselines.workflows`) run with ``ignore_result_error=True``: a site whose result failed
+The workflows (:mod:`medflare.baselines.controller`) run with ``ignore_result_error=True``: a site whose result failed
 or was refused by the server's update guard (:mod:`medflare.common.result_guard`) is left out of that round's
 average (weighted over the sites that answered) and asked again next round; the server log names it. A round that
 no site answered (fewer than the workflow's ``min_responses``, default 1) ends the job with an error.
@@ -15,13 +15,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from nvflare.apis.dxo import MetaKey
-from nvflare.app_common.app_constant import AlgorithmConstants
 from nvflare.app_common.widgets.intime_model_selector import IntimeModelSelector
 
-from medflare.baselines.executor import UPDATE, SupervisedExecutor
-from medflare.baselines.workflows import ResilientFedAvg, ResilientScaffold
-from medflare.common.egress import Send, declare
+from medflare.baselines import protocol as P
+from medflare.baselines.executor import SupervisedExecutor
+from medflare.baselines.controller import ResilientFedAvg, ResilientScaffold
 from medflare.common.persistence import PresetModelPersistor
 from medflare.common.recipe import TASK_CHECK_PERIOD, JobRecipe
 from medflare.presets import get_preset
@@ -47,14 +45,9 @@ class _BaselineRecipe(JobRecipe):
     ):
         cfg = get_preset(preset, overrides)
         key_metric = cfg["eval"]["key_metric"]
-        sends = [Send(UPDATE, "WEIGHT_DIFF", "the local model's change in this round", models=1),
-                 Send(MetaKey.INITIAL_METRICS, "METRICS", "validation scores of the received global model (numbers)")]
-        if self.sends_controls:
-            sends.append(Send(AlgorithmConstants.SCAFFOLD_CTRL_DIFF, "WEIGHT_DIFF", "the change of the site's control variate",
-                              models=1))
         # A site whose result failed (its own error, or refused by the server's update guard) is left out of the
         # round's weighted average instead of ending the job (FedAvg asks every sampled site, so FLARE's default
-        # would end it at the first one); a round no site answered ends it (medflare.baselines.workflows).
+        # would end it at the first one); a round no site answered ends it (medflare.baselines.controller).
         workflow = self.workflow_cls(num_clients=num_clients, num_rounds=num_rounds, persistor_id="persistor",
                                      task_check_period=TASK_CHECK_PERIOD, **workflow_args)
         super().__init__(
@@ -62,8 +55,8 @@ class _BaselineRecipe(JobRecipe):
             workflow=workflow,
             workflow_id=self.job_name,
             executor=SupervisedExecutor(preset=preset, overrides=overrides, device=device, seed=seed),
-            tasks=["train"],
-            manifest=declare({"train": sends}),
+            tasks=[P.TASK_TRAIN],
+            manifest=P.manifest(scaffold=self.sends_controls),
             preset=preset,
             overrides=overrides,
             scope="standard",

@@ -8,7 +8,7 @@ Sums run in float64 and every result is checked finite before it is cast back to
 gave a NaN global model that was saved and sent), and a non-finite aggregate must never become a model. A
 non-finite result raises PayloadError naming the keys; the workflow then ends the round without saving, so the
 last saved model stays the last good one. FLARE's FedAvg / Scaffold get the same treatment through
-:func:`as_float64` / :func:`cast_back` (:mod:`medflare.baselines.workflows`).
+:func:`as_float64` / :func:`cast_back` (:mod:`medflare.baselines.controller`).
 """
 
 from __future__ import annotations

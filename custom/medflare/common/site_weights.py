@@ -14,7 +14,7 @@ NaN model. :class:`SiteWeights` turns reports into weights the server can defend
 - **refused**: a count that is not a finite number > 0 (NaN, Inf, a string, a bool, 0, negative) refuses that
   site's result for the round; no count at all weighs 1 (FLARE's own default).
 
-Plain python and numpy, no FLARE: :class:`medflare.baselines.workflows.ResilientFedAvg` / ``ResilientScaffold`` and
+Plain python and numpy, no FLARE: :class:`medflare.baselines.controller.ResilientFedAvg` / ``ResilientScaffold`` and
 :class:`medflare.common.workflow.SiteRounds` (FedSM, FedST, ...) call :meth:`SiteWeights.bound` once per round
 and log what it says; the unit tests call it with hand-made reports.
 """

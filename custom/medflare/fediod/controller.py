@@ -1,7 +1,7 @@
 """FedIOD server workflow: stage 1 (each site trains its teacher, sends label counts once), then stage 2 rounds of
 windows in which G and S learn from the sites' teachers through the messages of :mod:`.protocol`.
 
-The federated protocol (derivation in :mod:`.server`): per window of M steps
+The federated protocol (derivation in :mod:`.distill`): per window of M steps
 
 1. ``fediod_outputs``: the server generates the window's M x B inputs with G and sends them (and, for
    segmentation, the label maps that conditioned them) to every active site; each site returns its teacher
@@ -47,10 +47,10 @@ from medflare.common.training import pick_device
 from medflare.checks import check_int
 from medflare.common.workflow import SiteRounds
 from medflare.fediod import protocol as P
-from medflare.fediod.build import data_shape, server_networks
+from medflare.fediod.networks import data_shape, server_networks
 from medflare.fediod.config import FedIODConfig
 from medflare.fediod.samples import sample_grid
-from medflare.fediod.server import Distiller, SiteInfo, steps_total
+from medflare.fediod.distill import Distiller, SiteInfo, steps_total
 from medflare.presets import get_preset
 
 

@@ -34,7 +34,8 @@ from medflare.common.component import keep_args
 from medflare.common.payload import collection, load_numpy_state, unflatten
 from medflare.common.site_executor import SiteExecutor, format_metrics
 from medflare.fediod import protocol as P
-from medflare.fediod.build import data_shape, label_counts, server_specs, site_distiller
+from medflare.fediod.networks import data_shape, server_specs
+from medflare.fediod.site_distill import label_counts, site_distiller
 from medflare.fediod.config import FedIODConfig
 from medflare.fediod.privacy import PrivacySettings, noised_counts
 from medflare.fediod.teacher import checkpoint_file, load_teacher, save_teacher, teacher_settings, train_teacher

@@ -1,22 +1,12 @@
-"""FedIOD's generators and discriminators, built from MONAI's GAN parts, and the saved student + generator pair.
+"""FedIOD's networks from a preset, built the same way at the server, at a site, in a benchmark and in a test.
 
-- :class:`LatentGenerator` (classification): MONAI's ``Generator`` (linear layer to a start map, then
-  transposed convolutions) mapping noise ``w`` of ``latent_dim`` to an image in [0, 1] (sigmoid), the
-  data range of every medflare dataset. The paper's CIFAR G maps 100-d noise to 32x32.
-- :class:`LabelGenerator` (segmentation): the label-to-image "ResNet" generator of pix2pix / AsynDGAN
-  (7x7 conv, ``downsamplings`` stride-2 convs, ``blocks`` residual units, as many transposed convs, 7x7
-  conv), built from MONAI ``Convolution`` / ``ResidualUnit`` blocks. Input: the one-hot label map plus
-  ``noise_channels`` of Gaussian noise; output an image in [0, 1]. The paper's G has 9 blocks.
-- :class:`PatchCritic`: MONAI's ``PatchDiscriminator`` (pix2pix PatchGAN) returning the final logits map
-  ``(B, 1, h, w)``; instance norm instead of batch norm, so a score depends on its own input only, which
-  keeps every per-input gradient a site releases a function of that input alone (per-sample clipping).
-  For segmentation it is conditional: it sees the one-hot label map stacked on the image.
-- :class:`StudentGenerator`: the server's two networks in one module, so FLARE's PT persistor saves
-  them as one state dict (``student.*``, ``generator.*``).
-
-Every builder takes the ``{"name", "args"}`` spec a preset holds (:func:`build_generator`,
-:func:`build_discriminator`); the data-dependent arguments (image size and channels, classes) are filled
-in by :func:`generator_spec` / :func:`discriminator_spec` from the data.
+The preset names only the architecture of the generator G and the discriminators D_k (``fediod.generator``,
+``fediod.discriminator``); :func:`generator_spec` / :func:`discriminator_spec` fill in the data's image size,
+channels and classes, and :func:`medflare.nets.build_from_spec` builds them (:mod:`medflare.nets.gan`).
+:class:`StudentGenerator` holds the server's student S and G in one module, so FLARE's PT persistor saves them as
+one state dict (``student.*``, ``generator.*``); :func:`server_networks` is the persistor's initial pair and
+:func:`site_discriminator` a site's D_k, seeded by (seed, site name) so a federated run and the single-process
+replay start from identical networks.
 """
 
 from __future__ import annotations
@@ -27,145 +17,10 @@ import torch
 from torch import nn
 
 from medflare import ConfigError
-from medflare.checks import check_positive_int
-
-
-class LatentGenerator(nn.Module):
-    """Noise -> image generator for classification (MONAI ``Generator`` + sigmoid).
-
-    Args:
-        latent_dim: length of the noise vector ``w``. Default 100 (paper).
-        image_size: side of the square output; must be divisible by 4. Default 28.
-        out_channels: image channels. Default 1.
-        width: channels of the start map; the two upsampling stages have ``width`` and ``width // 2``. Default 64.
-        num_res_units: residual units after each upsampling (MONAI). Default 0.
-    """
-
-    def __init__(self, latent_dim: int = 100, image_size: int = 28, out_channels: int = 1, width: int = 64, num_res_units: int = 0):
-        super().__init__()
-        from monai.networks.nets import Generator
-
-        for key, value in (("latent_dim", latent_dim), ("image_size", image_size), ("out_channels", out_channels), ("width", width)):
-            check_positive_int("latent_generator", key, value)
-        if image_size % 4:
-            raise ConfigError(f"latent_generator: 'image_size' must be divisible by 4, got {image_size}")
-        self.latent_dim = latent_dim
-        self.net = Generator(
-            latent_shape=(latent_dim,), start_shape=(width, image_size // 4, image_size // 4),
-            channels=(width, max(width // 2, 1), out_channels), strides=(2, 2, 1),
-            num_res_units=num_res_units, norm="BATCH", act="RELU",
-        )
-
-    def latent(self, batch: int, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
-        """A batch of noise vectors ``w``: ``(batch, latent_dim)`` standard normal."""
-        return torch.randn(batch, self.latent_dim, generator=generator, device=device)
-
-    def forward(self, w: torch.Tensor) -> torch.Tensor:
-        """``(B, latent_dim) -> (B, out_channels, image_size, image_size)`` in [0, 1]."""
-        return torch.sigmoid(self.net(w))
-
-
-class LabelGenerator(nn.Module):
-    """Label map (+ noise) -> image generator for segmentation (pix2pix/AsynDGAN ResNet generator, MONAI blocks).
-
-    Args:
-        num_classes: classes of the label map (one-hot input channels). Default 3.
-        out_channels: image channels. Default 1.
-        width: channels of the first conv (doubled at each downsampling). Default 64 (paper: 64).
-        blocks: residual units at the bottleneck. Default 9 (paper).
-        downsamplings: stride-2 convolutions (and as many transposed ones). Default 2.
-        noise_channels: channels of N(0, 1) noise stacked on the label map, so one label map gives varied
-            images. Default 1.
-    """
-
-    def __init__(self, num_classes: int = 3, out_channels: int = 1, width: int = 64, blocks: int = 9, downsamplings: int = 2,
-                 noise_channels: int = 1):
-        super().__init__()
-        from monai.networks.blocks import Convolution, ResidualUnit
-
-        for key, value in (("num_classes", num_classes), ("out_channels", out_channels), ("width", width)):
-            check_positive_int("label_generator", key, value)
-        for key, value in (("blocks", blocks), ("downsamplings", downsamplings), ("noise_channels", noise_channels)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"label_generator: '{key}' must be an int >= 0, got {value!r}")
-        self.num_classes, self.noise_channels, self.downsamplings = num_classes, noise_channels, downsamplings
-        conv = dict(spatial_dims=2, norm="INSTANCE", act="RELU")
-        layers: list[nn.Module] = [Convolution(in_channels=num_classes + noise_channels, out_channels=width, kernel_size=7, **conv)]
-        ch = width
-        for _ in range(downsamplings):
-            layers.append(Convolution(in_channels=ch, out_channels=ch * 2, strides=2, kernel_size=3, **conv))
-            ch *= 2
-        layers += [ResidualUnit(in_channels=ch, out_channels=ch, subunits=2, kernel_size=3, **conv) for _ in range(blocks)]
-        for _ in range(downsamplings):
-            layers.append(Convolution(in_channels=ch, out_channels=ch // 2, strides=2, kernel_size=3, is_transposed=True, **conv))
-            ch //= 2
-        layers.append(Convolution(spatial_dims=2, in_channels=ch, out_channels=out_channels, kernel_size=7, conv_only=True))
-        self.net = nn.Sequential(*layers)
-
-    def condition(self, labels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Generator input from label maps ``(B, 1, H, W)`` int: one-hot classes + noise channels ``(B, C + noise, H, W)``."""
-        onehot = one_hot(labels, self.num_classes)
-        noise = torch.randn(labels.shape[0], self.noise_channels, *labels.shape[2:], generator=generator, device=labels.device)
-        return torch.cat([onehot, noise], dim=1)
-
-    def forward(self, w: torch.Tensor) -> torch.Tensor:
-        """``(B, num_classes + noise_channels, H, W) -> (B, out_channels, H, W)`` in [0, 1]; H, W divisible by
-        ``2 ** downsamplings``."""
-        side = 2 ** self.downsamplings
-        if w.shape[-1] % side or w.shape[-2] % side:
-            raise ConfigError(f"label_generator: image sides {tuple(w.shape[-2:])} must be divisible by {side} (2 ** downsamplings)")
-        return torch.sigmoid(self.net(w))
-
-
-def one_hot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """``(B, 1, *s)`` integer label map -> ``(B, num_classes, *s)`` float one-hot."""
-    return nn.functional.one_hot(labels[:, 0].long(), num_classes).movedim(-1, 1).float()
-
-
-class PatchCritic(nn.Module):
-    """MONAI ``PatchDiscriminator`` (PatchGAN) returning its final logits map ``(B, 1, h, w)``.
-
-    Args:
-        in_channels: image channels (+ label classes for a conditional critic). Default 1.
-        width: channels of the first conv (doubled per layer). Default 64 (paper: 128 for CIFAR, 64 for pix2pix).
-        layers: strided conv layers (MONAI ``num_layers_d``). Default 2 (28-32 px); 3 for 256 px (pix2pix).
-        norm: MONAI norm name. Default "INSTANCE" (per-input scores; see the module docstring).
-    """
-
-    def __init__(self, in_channels: int = 1, width: int = 64, layers: int = 2, norm: str = "INSTANCE"):
-        super().__init__()
-        from monai.networks.nets import PatchDiscriminator
-
-        for key, value in (("in_channels", in_channels), ("width", width), ("layers", layers)):
-            check_positive_int("patch_critic", key, value)
-        self.net = PatchDiscriminator(spatial_dims=2, channels=width, in_channels=in_channels, num_layers_d=layers, norm=norm)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``(B, in_channels, H, W) -> (B, 1, h, w)`` patch logits (real vs generated)."""
-        return self.net(x)[-1]
-
-
-GENERATORS = {"latent_generator": LatentGenerator, "label_generator": LabelGenerator}
-DISCRIMINATORS = {"patch_critic": PatchCritic}
-
-
-def _build(table: Mapping[str, type], what: str, spec: Mapping[str, Any]) -> nn.Module:
-    if not isinstance(spec, Mapping) or spec.get("name") not in table:
-        raise ConfigError(f"{what} spec must be {{'name': one of {sorted(table)}, 'args': {{...}}}}, got {spec!r}")
-    try:
-        return table[spec["name"]](**dict(spec.get("args") or {}))
-    except TypeError as e:
-        raise ConfigError(f"{what} '{spec['name']}': bad arguments {dict(spec.get('args') or {})}: {e}") from e
-
-
-def build_generator(spec: Mapping[str, Any]) -> nn.Module:
-    """A generator from ``{"name": "latent_generator" | "label_generator", "args": {...}}``."""
-    return _build(GENERATORS, "generator", spec)
-
-
-def build_discriminator(spec: Mapping[str, Any]) -> nn.Module:
-    """A discriminator from ``{"name": "patch_critic", "args": {...}}``."""
-    return _build(DISCRIMINATORS, "discriminator", spec)
+from medflare.data.util import stable_seed
+from medflare.fediod.config import FedIODConfig
+from medflare.fediod.teacher import data_args
+from medflare.nets import build_from_spec
 
 
 def generator_spec(spec: Mapping[str, Any], task: str, image_size: int, channels: int, num_classes: int) -> dict[str, Any]:
@@ -195,3 +50,43 @@ class StudentGenerator(nn.Module):
         super().__init__()
         self.student = student
         self.generator = generator
+
+
+def data_shape(cfg: Mapping[str, Any]) -> tuple[str, int, int, int]:
+    """(task, image channels, image side, classes) the server needs without seeing any data."""
+    from medflare.data.site import KINDS
+
+    data = cfg["data"]
+    task = KINDS.get(data.get("kind"))
+    if task is None:
+        raise ConfigError(f"unknown data kind {data.get('kind')!r} in the preset")
+    fcfg = FedIODConfig.from_preset(cfg)
+    size = fcfg.image_size or data.get("image_size")
+    if not size:
+        raise ConfigError("the preset names no image size: set 'data.image_size' or 'fediod.image_size' (the generator's output side)")
+    if "num_classes" not in data:
+        raise ConfigError("the preset names no 'data.num_classes' (the student's outputs)")
+    return task, int(data.get("channels", 1)), int(size), int(data["num_classes"])
+
+
+def server_specs(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(student spec, generator spec) with the data's arguments filled in."""
+    task, channels, size, classes = data_shape(cfg)
+    fcfg = FedIODConfig.from_preset(cfg)
+    student = {"name": cfg["model"]["name"], "args": {**cfg["model"].get("args", {}), **data_args(cfg["model"]["name"], channels, classes, size)}}
+    return student, generator_spec(fcfg.generator, task, size, channels, classes)
+
+
+def server_networks(cfg: Mapping[str, Any], seed: int = 0) -> StudentGenerator:
+    """The initial student and generator from ``seed`` (what the persistor starts from)."""
+    student, generator = server_specs(cfg)
+    torch.manual_seed(seed)
+    return StudentGenerator(build_from_spec(student), build_from_spec(generator, role="generator"))
+
+
+def site_discriminator(cfg: Mapping[str, Any], site: str, seed: int) -> torch.nn.Module:
+    """D_k of ``site``, initialised from (seed, site name) so reruns and the single-process replay agree."""
+    task, channels, _, classes = data_shape(cfg)
+    spec = discriminator_spec(FedIODConfig.from_preset(cfg).discriminator, task, channels, classes)
+    torch.manual_seed(stable_seed("fediod-discriminator", seed, site) % (2**31))
+    return build_from_spec(spec, role="discriminator")

@@ -15,12 +15,12 @@ from nvflare.app_opt.pt.file_model_persistor import PTFileModelPersistor
 
 from medflare.common.component import keep_args
 from medflare.common.results import describe
-from medflare.fediod.build import data_shape, server_networks, server_specs
+from medflare.fediod.networks import data_shape, server_networks, server_specs
+from medflare.fediod.results import KIND
 from medflare.presets import get_preset
 
 STUDENT_FILE = "FedIOD_student.pt"
 BEST_STUDENT_FILE = "best_FedIOD_student.pt"
-KIND = "fediod_student"
 
 
 def describe_student(preset: str, overrides: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The result kind FedIOD saves (a ``medflare.result_kinds`` entry point), for ``medflare show | evaluate | predict | sample``.
 
-Kind ``fediod_student`` (:mod:`.persistor`): the student S (what ``evaluate`` / ``predict`` score: accuracy,
+Kind ``fediod_student`` (written by :mod:`.persistor`, the only writer): the student S (what ``evaluate`` / ``predict`` score: accuracy,
 or Dice, sensitivity, specificity, HD95, and AJI / object Dice with ``--metrics`` on instance data) and the
 generator G (what ``sample`` runs: ``--num`` unconditioned images for classification, one image per label
 map of ``--labels`` for segmentation). ``show`` lists each site's (epsilon, delta) and why a site stopped.
@@ -16,7 +16,9 @@ import torch
 from medflare import ConfigError, ResultFileError
 from medflare.common.payload import unflatten
 from medflare.common.results import Predictor, Result, ResultKind, description_of, network_from
-from medflare.fediod.networks import build_generator
+from medflare.nets import build_from_spec
+
+KIND = "fediod_student"
 
 
 class StudentResult(Result):
@@ -55,14 +57,15 @@ def _load(data: Mapping[str, Any], path: Path) -> StudentResult:
     if missing or "generator" not in desc:
         raise ResultFileError(f"FedIOD result '{path}' lacks {missing or ['the generator spec']}")
     networks = {"student": network_from(desc["model"], parts["student"], f"file '{path}' (student)"),
-                "generator": network_from(desc["generator"], parts["generator"], f"file '{path}' (generator)", build=build_generator)}
+                "generator": network_from(desc["generator"], parts["generator"], f"file '{path}' (generator)",
+                                        build=lambda spec: build_from_spec(spec, role="generator"))}
     meta = data.get("meta_props") or {}
     info = {k.removeprefix("fediod_"): meta[k] for k in ("fediod_round", "fediod_sites", "fediod_privacy", "fediod_stopped") if k in meta}
     return StudentResult(path, desc, networks, info)
 
 
 STUDENT = ResultKind(
-    name="fediod_student",
+    name=KIND,
     version=1,
     summary="FedIOD student (scored by evaluate/predict) + generator (sample), with each site's (epsilon, delta)",
     load=_load,

@@ -4,8 +4,8 @@
 Functional core (no FLARE): :mod:`.softpull` (Eq. 11), :mod:`.density` (per-site feature Gaussians and
 their calibration), :mod:`.selector` (the global encoder's features + the Gaussians), :mod:`.routing`
 (Algorithm 2), :mod:`.extra` (Eq. 1 labels, the FedSM-extra head), :mod:`.aggregate` (one server round),
-:mod:`.scoring` (a site's per-round scores in one pass), :mod:`.supermodel` (the container network and the
-saved file). FLARE shell: :mod:`.protocol` (names both sides use), :mod:`.controller` (``FedSMController``),
-:mod:`.executor` (``FedSMExecutor``), :mod:`.persistor` (``SuperModelPersistor``), :mod:`.recipe`; job
-configs name them by full path.
+:mod:`.scoring` (a site's per-round scores in one pass), :mod:`.supermodel` (the container network). FLARE
+shell: :mod:`.protocol` (names both sides use), :mod:`.controller` (``FedSMController``), :mod:`.executor`
+(``FedSMExecutor``), :mod:`.persistor` (``SuperModelPersistor``, the only writer of the super-model file),
+:mod:`.results` (its kind, layout and loader), :mod:`.recipe`; job configs name them by full path.
 """

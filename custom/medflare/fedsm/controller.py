@@ -35,9 +35,9 @@ from medflare.fedsm import protocol as P
 from medflare.fedsm.aggregate import SiteReply, SuperState, aggregate_round
 from medflare.fedsm.extra import HeadAdam
 from medflare.fedsm.persistor import SuperModelPersistor
+from medflare.fedsm.routing import DEFAULT_GAMMA
 from medflare.fedsm.selector import build_selector, check_selector_args, selector_spec
 from medflare.fedsm.softpull import check_lambda
-from medflare.fedsm.supermodel import DEFAULT_GAMMA
 from medflare.presets import get_preset
 
 #: what each task's reply holds (named in the error when a site's privacy scope refuses it)

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
+from torch import nn
 
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_opt.pt.file_model_persistor import PTFileModelPersistor
@@ -30,9 +31,20 @@ from medflare import ConfigError
 from medflare.common.component import keep_args
 from medflare.common.payload import load_numpy_state
 from medflare.common.persistence import model_from_preset
-from medflare.common.results import read_checkpoint
-from medflare.fedsm.supermodel import BEST_SUPER_MODEL_FILE, KIND, SUPER_MODEL_FILE, VERSION, super_model_description, super_model_network
+from medflare.common.results import read_checkpoint, save_checkpoint
+from medflare.fedsm.results import KIND, VERSION, super_model_description
+from medflare.fedsm.supermodel import super_model_network
 from medflare.presets import get_preset
+
+SUPER_MODEL_FILE = "FedSM_super_model.pt"
+BEST_SUPER_MODEL_FILE = "best_FedSM_super_model.pt"
+
+
+def save_super_model(path: str | os.PathLike, network: nn.ModuleDict, description: Mapping[str, Any], meta: Mapping[str, Any] | None = None) -> None:
+    """Write ``network`` in the persistor's layout (the server saves through FLARE's persistor; tools and tests use this)."""
+    data = {"model": {k: v.detach().cpu() for k, v in network.state_dict().items()},
+            "train_conf": {"medflare": dict(description)}, "meta_props": dict(meta or {})}
+    save_checkpoint(data, path)
 
 
 class SuperModelPersistor(PTFileModelPersistor):

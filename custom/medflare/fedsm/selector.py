@@ -32,7 +32,7 @@ from torch import nn
 
 from medflare import ConfigError
 from medflare.fedsm import density
-from medflare.nets import build_from_spec
+from medflare.nets import build_from_spec, register
 
 
 def unet_down_blocks(net: nn.Module, levels: int) -> list[nn.Module]:
@@ -185,15 +185,13 @@ class EncoderGaussianSelector(nn.Module):
         return self.typicality(self.features(x))
 
 
-SELECTORS = {"encoder_gaussian": EncoderGaussianSelector}
+register("selector", "encoder_gaussian", EncoderGaussianSelector)  # built by name like every network
 
 
 def build_selector(spec: Mapping[str, Any]) -> EncoderGaussianSelector:
-    """``{"name", "args"}`` -> selector; ConfigError names an unknown selector."""
-    name = spec.get("name")
-    if name not in SELECTORS:
-        raise ConfigError(f"unknown FedSM selector '{name}' (known: {sorted(SELECTORS)})")
-    return SELECTORS[name](**dict(spec.get("args", {})))
+    """``{"name", "args"}`` -> selector (:func:`medflare.nets.build_from_spec`, role "selector"); ConfigError names an
+    unknown selector."""
+    return build_from_spec(spec, role="selector")
 
 
 #: the selector arguments a job sets (the rest come from the preset and the run)

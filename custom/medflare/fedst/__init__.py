@@ -4,7 +4,8 @@ training the segmentation model by FedAvg on real and cross-domain synthetic ima
 
 Functional core (no FLARE): :mod:`.conditioning` (label map and domain vector), :mod:`.diffusion` (MONAI
 DiffusionModelUNet / schedulers / DiffusionInferer, L_simple of Eq. 2, training and sampling), :mod:`.losses`
-(Eq. 3), :mod:`.comm` (communication cost, Eq. 4), :mod:`.cache` (a site's own folder), :mod:`.store` (the saved
-files). FLARE shell: :mod:`.executor` (generator training, sampling, segmentation), :mod:`.controller`
-(``FedSTSeparateController``, ``FedSTJoinController``), :mod:`.persistor`, :mod:`.recipe`.
+(Eq. 3), :mod:`.comm` (communication cost, Eq. 4), :mod:`.cache` (a site's own folder). FLARE shell: :mod:`.protocol`,
+:mod:`.executor` (generator training, sampling, segmentation), :mod:`.controller` (``FedSTSeparateController``,
+``FedSTJoinController``), :mod:`.persistor` (the only writer of the saved files), :mod:`.results` (their kinds and
+layout), :mod:`.recipe`.
 """

@@ -218,7 +218,7 @@ def generator_args(cfg: Mapping[str, Any], image_channels: int, num_classes: int
             **{k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in gen.items()}}
 
 
-def build_generator(args: Mapping[str, Any]) -> StyleGenerator:
+def build_style_generator(args: Mapping[str, Any]) -> StyleGenerator:
     """A :class:`StyleGenerator` from :func:`generator_args`' dict."""
     return StyleGenerator(**dict(args))
 

@@ -41,7 +41,7 @@ from medflare.common.training import local_work, make_loader, make_loss, make_op
 from medflare.data.util import stable_seed
 from medflare.fedst import protocol as P
 from medflare.fedst.cache import JOIN_KEY, SiteStyleCache
-from medflare.fedst.diffusion import (build_generator, cycle, diffusion_config, generator_args, generator_optimizer,
+from medflare.fedst.diffusion import (build_style_generator, cycle, diffusion_config, generator_args, generator_optimizer,
                                       sample_images, sampling_scheduler, train_generator, training_scheduler)
 from medflare.fedst.losses import CrossDomainTerm
 from medflare.fedst.visual import synthetic_panel
@@ -122,7 +122,7 @@ class GeneratorTrainingExecutor(FedSTSiteExecutor):
         if self.generator is not None and self.generator.num_domains == num_domains:
             return
         torch.manual_seed(self.seed)
-        self.generator = build_generator(self.generator_args(num_domains)).to(self.torch_device)
+        self.generator = build_style_generator(self.generator_args(num_domains)).to(self.torch_device)
         self.generator.check_size(*self.image_size, who=f"site '{self.site}'")
         self.optimizer = generator_optimizer(self.generator, self.diffusion)  # this site's own
         self.scheduler = training_scheduler(self.diffusion)
@@ -241,7 +241,7 @@ class StyleSamplingExecutor(FedSTSiteExecutor):
 
     def draw(self, domain: str, sites: list[str], entry: dict, trained: list[int] | None, join: bool, rnd: int):
         """Images (N, C, H, W) in ``domain``'s style for this site's label maps (N, 1, H, W), and those label maps."""
-        generator = build_generator(self.generator_args(len(sites) if join else 0))
+        generator = build_style_generator(self.generator_args(len(sites) if join else 0))
         load_numpy_state(generator, {k: v.numpy() for k, v in entry["state"].items()}, who=f"the generator of '{domain}'")
         generator.to(self.torch_device)
         labels = self.train_labels[self._subset(rnd)]

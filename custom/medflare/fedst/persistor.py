@@ -12,7 +12,7 @@ site list, the classes each generator was trained on, the image size and each st
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -27,11 +27,14 @@ from medflare import ConfigError, MedflareError
 from medflare.common.component import keep_args
 from medflare.common.payload import flatten, state_to_numpy, unflatten
 from medflare.common.persistence import model_from_preset
-from medflare.common.results import describe
+from medflare.common.results import describe, save_checkpoint
 from medflare.fedst import protocol as P
-from medflare.fedst.diffusion import build_generator, diffusion_config, generator_args
-from medflare.fedst.store import BEST_FILE_OF, FILE_OF, KIND_OF, check_compatible, save_result
+from medflare.fedst.diffusion import build_style_generator, diffusion_config, generator_args
+from medflare.fedst.results import KIND_OF, check_compatible
 from medflare.presets import get_preset
+
+FILE_OF = {"separate": "FedST_style_store.pt", "join": "FedST_join_generator.pt"}
+BEST_FILE_OF = {v: f"best_{f}" for v, f in FILE_OF.items()}
 
 #: learnable meta keys
 META_SITES, META_CLASSES, META_SIZE, META_VERSIONS, META_ROUND, META_METRICS = (
@@ -49,6 +52,34 @@ def fedst_generator_args(preset: str, overrides: Mapping[str, Any] | None, num_d
 def fedst_description(preset: str, overrides: Mapping[str, Any] | None, variant: str) -> dict[str, Any]:
     """The ``train_conf["medflare"]`` entry of a FedST file (kind, preset, overrides, seg model, data, diffusion)."""
     return describe(preset, overrides, kind=KIND_OF[variant], diffusion=diffusion_config(get_preset(preset, overrides).get("diffusion")))
+
+
+def _tensors(params: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    return {k: torch.as_tensor(np.array(v, copy=True)) for k, v in params.items()}
+
+
+def save_result(path: str | os.PathLike, *, description: Mapping[str, Any], sites: Sequence[str], generator_args: Mapping[str, Any],
+                segmentation: Mapping[str, Any], generators: Mapping[str, Mapping[str, Any]] | None = None,
+                generator_state: Mapping[str, Any] | None = None, trained_classes: Mapping[str, Sequence[int]] | None = None,
+                image_size: Sequence[int] | None = None, versions: Mapping[str, int] | None = None, round_num: int = 0,
+                metrics: Mapping[str, float] | None = None) -> None:
+    """Write a style store (``generators``) or a join generator (``generator_state``) atomically."""
+    data: dict[str, Any] = {
+        "train_conf": {"medflare": dict(description)},
+        "sites": list(sites),
+        "generator": dict(generator_args),
+        "trained_classes": {s: [int(c) for c in v] for s, v in (trained_classes or {}).items()},
+        "image_size": [int(v) for v in image_size] if image_size else None,
+        "versions": {s: int(v) for s, v in (versions or {}).items()},
+        "segmentation": _tensors(segmentation),
+        "round": int(round_num),
+        "metrics": {k: float(v) for k, v in (metrics or {}).items()},
+    }
+    if generators is not None:
+        data["generators"] = {s: _tensors(p) for s, p in generators.items()}
+    if generator_state is not None:
+        data["generator_state"] = _tensors(generator_state)
+    save_checkpoint(data, path)
 
 
 class FedSTPersistor(ModelPersistor):
@@ -89,7 +120,7 @@ class FedSTPersistor(ModelPersistor):
         start = check_compatible(self.init_file, self.variant, self.preset, args, self.num_classes) if self.init_file else None
         if join:
             torch.manual_seed(self.seed)
-            models[P.GEN] = state_to_numpy(build_generator(args))
+            models[P.GEN] = state_to_numpy(build_style_generator(args))
             if start is not None:
                 if list(start.sites) != sites:
                     raise MedflareError(f"init_file '{self.init_file}' was trained for sites {start.sites}; this job has {sites} "

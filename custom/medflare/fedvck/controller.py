@@ -7,17 +7,16 @@ FLARE's BEFORE_/AFTER_AGGREGATION events) updates the global model (:mod:`.updat
 (Eq. 12), hard negatives (Eq. 13), feature prototypes of the earlier condensed sets (Eq. 14), then SGD on
 L_ce + beta L_rc (Eq. 15-16). After the last round a ``validate`` task scores the final model at every site.
 
-Persistence: the persistor component (``persistor_id``, a PresetModelPersistor) writes the global model after
-every round (``FL_global_model.pt``) and, when the sites' pooled validation accuracy of the model they were
-sent is the best so far, ``best_FL_global_model.pt`` (FLARE's GLOBAL_BEST_MODEL_AVAILABLE, as
-IntimeModelSelector fires it); ``FedVCK_result.pt`` (:mod:`.checkpoint`) holds the last global model, the
-projector and the kept condensed sets. TensorBoard (server folder): accuracy per site, the update's loss
+Persistence: the persistor component (``persistor_id``, a :class:`~medflare.fedvck.persistor.FedVCKPersistor`)
+writes the global model after every round (``FL_global_model.pt``) and, when the sites' pooled validation accuracy
+of the model they were sent is the best so far, ``best_FL_global_model.pt`` (FLARE's GLOBAL_BEST_MODEL_AVAILABLE,
+as IntimeModelSelector fires it); the controller hands it the last global model, the projector and the kept
+condensed sets, which it writes as ``FedVCK_result.pt`` (kind in :mod:`.results`). TensorBoard (server folder): accuracy per site, the update's loss
 terms, upload bytes per site and round, and a grid of the received condensed images per class.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Mapping
 
@@ -25,21 +24,21 @@ import numpy as np
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
+from medflare import ConfigError
 from medflare.common.component import keep_args
 from medflare.common.payload import load_numpy_state, nbytes, payload_bytes, state_to_numpy
-from medflare.common.results import describe
 from medflare.common.tracking import SERVER_EVENT_TYPE, SiteTracker
 from medflare.common.training import pick_device
 from medflare.common.workflow import SiteRounds
 from medflare.fedvck import protocol as P
 from medflare.fedvck.augment import DiffAugment
-from medflare.fedvck.checkpoint import KIND, RESULT_FILE, save_result
 from medflare.fedvck.condense import quantize
 from medflare.fedvck.config import FedVCKConfig
 from medflare.fedvck.contrastive import Projector
 from medflare.fedvck.executor import check_encoder
+from medflare.fedvck.persistor import FedVCKPersistor
 from medflare.fedvck.prototypes import aggregate_prototypes
-from medflare.fedvck.reply import SiteUpload, unpack_reply
+from medflare.fedvck.protocol import SiteUpload, unpack_reply
 from medflare.fedvck.update import embed, kept_images, relation_for_round, train_global
 from medflare.metrics.visualize import image_grid
 from medflare.nets import build_from_spec
@@ -56,7 +55,8 @@ class FedVCKController(SiteRounds):
         device: where the server trains: "auto" (GPU when present), "cpu", "cuda:N". Default "auto".
         images_per_class: condensed images per class shown in each round's TensorBoard grid (0 = none). Default 32.
         condense_task / validate_task: task names. Defaults "condense", "validate".
-        persistor_id: the persistor component (initial model, last and best global model). Default "persistor".
+        persistor_id: the :class:`~medflare.fedvck.persistor.FedVCKPersistor` (initial model, last and best global model,
+            ``FedVCK_result.pt``). Default "persistor".
         min_responses, task_timeout, task_check_period: see :class:`medflare.common.workflow.SiteRounds`.
     """
 
@@ -84,6 +84,10 @@ class FedVCKController(SiteRounds):
 
     # ---- state -------------------------------------------------------------------------------
     def _init_state(self) -> None:
+        if not isinstance(self.persistor, FedVCKPersistor):
+            raise ConfigError(f"FedVCKController: persistor_id '{self.persistor_id}' must name a "
+                              f"medflare.fedvck.persistor.FedVCKPersistor (it writes FedVCK_result.pt), got "
+                              f"{type(self.persistor).__name__}")
         self.site_names = self.sites()
         self.torch_device = pick_device(self.device)
         self.model = build_from_spec(self.cfg["model"])
@@ -98,7 +102,6 @@ class FedVCKController(SiteRounds):
         self.generator = torch.Generator().manual_seed(self.seed)
         self.augment = DiffAugment(self.fv.server_augment)
         self.tracker = SiteTracker(self, event_type=SERVER_EVENT_TYPE)
-        self.description = describe(self.preset, self.overrides, kind=KIND, fedvck=self.fv.as_dict())
         self.image_shape: tuple[int, ...] | None = None
 
     def _global(self, rnd: int) -> FLModel:
@@ -177,10 +180,9 @@ class FedVCKController(SiteRounds):
             self.tracker.image(self.fl_ctx, f"condensed/class_{int(c)}", image_grid(x[y == c][: self.images_per_class]), rnd)
 
     def _save(self, rnd: int, metrics: Mapping[str, float]) -> None:
-        dims = None if self.projector is None else (self.projector.net[0].in_features, self.projector.net[0].out_features)
-        save_result(os.path.join(self.get_app_dir(), RESULT_FILE), description=self.description, global_state=state_to_numpy(self.model),
-                    projector=self.projector, projector_dims=dims, condensed=self.kept, sites=self.site_names, round_num=rnd,
-                    metrics=metrics)
+        """``FedVCK_result.pt`` through the persistor (the only writer of the file)."""
+        self.persistor.save_result(global_state=state_to_numpy(self.model), projector=self.projector, condensed=self.kept,
+                                   sites=self.site_names, round_num=rnd, metrics=metrics)
 
     def run(self) -> None:
         self._init_state()

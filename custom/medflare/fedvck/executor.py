@@ -41,7 +41,7 @@ from medflare.fedvck.condense import CondensedSet, condense, condensed_sizes, pr
 from medflare.fedvck.config import FedVCKConfig
 from medflare.fedvck.importance import ImportanceSampler, ensemble_error, importance_weights
 from medflare.fedvck.prototypes import logit_prototypes
-from medflare.fedvck.reply import pack_reply
+from medflare.fedvck.protocol import pack_reply
 
 MIN_CLASS_IMAGES = "fedvck_min_class_images"
 DEFAULT_MIN_CLASS_IMAGES = 10

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from medflare.common.persistence import PresetModelPersistor
 from medflare.common.recipe import JobRecipe
 from medflare.fedvck import protocol as P
 from medflare.fedvck.controller import FedVCKController
 from medflare.fedvck.executor import FedVCKExecutor
+from medflare.fedvck.persistor import FedVCKPersistor
 
 
 class FedVCKRecipe(JobRecipe):
@@ -43,6 +43,6 @@ class FedVCKRecipe(JobRecipe):
             preset=preset,
             overrides=overrides,
             scope="condensed",
-            server_components={"persistor": PresetModelPersistor(preset=preset, overrides=overrides, seed=seed)},
+            server_components={"persistor": FedVCKPersistor(preset=preset, overrides=overrides, seed=seed)},
             min_clients=min_clients,
         )

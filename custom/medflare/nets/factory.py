@@ -1,4 +1,5 @@
-"""One model builder by name, so that a preset's ``{"name": ..., "args": {...}}`` builds the network."""
+"""The one network builder by name: a preset's or a saved result's ``{"name": ..., "args": {...}}`` builds the network
+(task models, FedIOD's generators and critics, and what an algorithm registers)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from torch import nn
 from medflare import ConfigError
 from medflare.checks import check_dropout, check_positive_int
 from medflare.nets.convnet import ConvNet
+from medflare.nets.gan import LabelGenerator, LatentGenerator, PatchCritic
 from medflare.nets.resnet import ResNet8, ResNet18
 
-__all__ = ["MODEL_NAMES", "build_from_spec", "build_model", "count_parameters", "build_unet"]
+__all__ = ["MODEL_NAMES", "build_from_spec", "build_model", "count_parameters", "build_unet", "register"]
 
 
 def build_unet(
@@ -70,15 +72,42 @@ def build_unet(
         raise ConfigError(f"unet: bad 'norm'={norm!r}: {e}") from e
 
 
-_BUILDERS: dict[str, Callable[..., nn.Module]] = {
-    "unet": build_unet,
-    "convnet": ConvNet,
-    "resnet8": ResNet8,
-    "resnet18": ResNet18,
+#: role -> network name -> builder: the one table every ``{"name", "args"}`` spec is built from. "model": the task
+#: networks a preset's ``model`` names; "generator" / "discriminator": the GAN parts of :mod:`medflare.nets.gan`
+#: (FedIOD); an algorithm adds a network of its own under a role of its own with :func:`register` (FedSM's
+#: "selector").
+_BUILDERS: dict[str, dict[str, Callable[..., nn.Module]]] = {
+    "model": {"unet": build_unet, "convnet": ConvNet, "resnet8": ResNet8, "resnet18": ResNet18},
+    "generator": {"latent_generator": LatentGenerator, "label_generator": LabelGenerator},
+    "discriminator": {"patch_critic": PatchCritic},
 }
 
-#: Names accepted by :func:`build_model`.
-MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+#: Names accepted by :func:`build_model` (role "model").
+MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS["model"])
+
+
+def register(role: str, name: str, builder: Callable[..., nn.Module]) -> None:
+    """Make ``builder`` the network ``name`` of ``role`` (an algorithm's own network, registered when its module loads);
+    registering the same builder again is a no-op, another builder under a taken name a ConfigError."""
+    table = _BUILDERS.setdefault(role, {})
+    if table.get(name, builder) is not builder:
+        raise ConfigError(f"network name '{name}' of role '{role}' is taken by {table[name]!r}")
+    table[name] = builder
+
+
+def _build(role: str, name: str, args: Mapping[str, Any]) -> nn.Module:
+    table = _BUILDERS.get(role, {})
+    if name not in table:
+        raise ConfigError(f"unknown {role} name '{name}' (known: {sorted(table) if role != 'model' else list(MODEL_NAMES)})")
+    builder = table[name]
+    params = inspect.signature(builder).parameters
+    unknown = sorted(set(args) - set(params))
+    if unknown:
+        raise ConfigError(f"{role} '{name}': unknown argument(s) {unknown} (accepted: {list(params)})")
+    missing = [k for k, p in params.items() if p.default is inspect.Parameter.empty and k not in args]
+    if missing:
+        raise ConfigError(f"{role} '{name}': missing required argument(s) {missing}")
+    return builder(**args)
 
 
 def build_model(name: str, **args: Any) -> nn.Module:
@@ -87,24 +116,15 @@ def build_model(name: str, **args: Any) -> nn.Module:
     Raises MedflareError naming the model, a missing or unknown argument, or a bad value, so a wrong
     job config fails with a readable message at start-up rather than deep in torch.
     """
-    if name not in _BUILDERS:
-        raise ConfigError(f"unknown model name '{name}' (known: {list(MODEL_NAMES)})")
-    builder = _BUILDERS[name]
-    params = inspect.signature(builder).parameters
-    unknown = sorted(set(args) - set(params))
-    if unknown:
-        raise ConfigError(f"model '{name}': unknown argument(s) {unknown} (accepted: {list(params)})")
-    missing = [k for k, p in params.items() if p.default is inspect.Parameter.empty and k not in args]
-    if missing:
-        raise ConfigError(f"model '{name}': missing required argument(s) {missing}")
-    return builder(**args)
+    return _build("model", name, args)
 
 
-def build_from_spec(spec: Mapping[str, Any]) -> nn.Module:
-    """Build the network a preset or a saved result describes: ``{"name": ..., "args": {...}}``."""
+def build_from_spec(spec: Mapping[str, Any], role: str = "model") -> nn.Module:
+    """Build the network a preset or a saved result describes: ``{"name": ..., "args": {...}}``, one of ``role``'s
+    names ("model", "generator", "discriminator", or a role an algorithm registered)."""
     if not isinstance(spec, Mapping) or "name" not in spec:
-        raise ConfigError(f"a model spec must be a dict with 'name' (and 'args'), got {spec!r}")
-    return build_model(spec["name"], **dict(spec.get("args") or {}))
+        raise ConfigError(f"a {role} spec must be a dict with 'name' (and 'args'), got {spec!r}")
+    return _build(role, spec["name"], dict(spec.get("args") or {}))
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:

@@ -16,7 +16,7 @@ The first term passes through S only (server). ``dl/dz_k`` and ``dl/dr_k`` need 
 (Eq. 4's mixture, Eq. 8's per-class normalisation across sites, Eq. 9's ensemble), so they exist only once
 the server has combined them: that is :meth:`Distiller.combine`. Each site can then form the bracket for
 its own k from ``(dl/dz_k, dl/dr_k, lg w_k, lb w_k)`` alone, because only it has T_k and D_k: that is
-:meth:`medflare.fediod.site.SiteDistiller.input_gradients`, a vector-Jacobian product per input. The server
+:meth:`medflare.fediod.site_distill.SiteDistiller.input_gradients`, a vector-Jacobian product per input. The server
 adds the site vectors to its own term and backpropagates ``dL_G/dx`` through G (:meth:`Distiller.apply`).
 With noise and clipping off this is exactly the gradient of the single-process loss (tests/unit).
 
@@ -320,7 +320,7 @@ class Distiller:
 class LocalFederation:
     """Every site in this process (benchmarks, tests): the same site code the FLARE executor runs, no messaging."""
 
-    def __init__(self, sites: Mapping[str, "SiteDistiller"]):  # noqa: F821 - medflare.fediod.site
+    def __init__(self, sites: Mapping[str, "SiteDistiller"]):  # noqa: F821 - medflare.fediod.site_distill
         self.sites = dict(sites)
         self.stopped: dict[str, str] = {}
 

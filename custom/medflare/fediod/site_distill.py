@@ -24,16 +24,18 @@ returned tensors into DXOs.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 
-from medflare import PayloadError
+from medflare import ConfigError, PayloadError
+from medflare.data.util import stable_seed
 from medflare.fediod.config import FedIODConfig
 from medflare.fediod.losses import discriminator_loss, discriminator_score, generator_adv_loss
-from medflare.fediod.networks import one_hot
+from medflare.fediod.networks import data_shape, site_discriminator
 from medflare.fediod.privacy import PrivacySettings, SiteAccountant, clip_and_noise, release_noise_multiplier
 from medflare.nets.batchnorm import forward_with_bn_prior
+from medflare.nets.gan import one_hot
 
 
 def real_batches(dataset, batch_size: int, seed: int) -> Iterator[dict]:
@@ -52,7 +54,7 @@ class SiteDistiller:
 
     Args:
         teacher: the trained T_k (frozen here).
-        discriminator: D_k (a :class:`~medflare.fediod.networks.PatchCritic`).
+        discriminator: D_k (a :class:`~medflare.nets.gan.PatchCritic`).
         real: iterator of the site's real batches (``{"image", "label"}``).
         config: the job's distillation settings (D's learning rate).
         task: "classification" or "segmentation" (conditional D on the one-hot label map).
@@ -184,3 +186,25 @@ class SiteDistiller:
         self._real_batches = []
         self.last_d_loss = sum(losses) / max(len(losses), 1)
         return self.last_d_loss
+
+
+def site_distiller(cfg: Mapping[str, Any], site: str, teacher: torch.nn.Module, train_set, privacy: PrivacySettings | None,
+                   seed: int, device="cpu") -> SiteDistiller:
+    """Site ``site``'s stage-2 state: its teacher, a fresh D_k, its real batches (seeded by (seed, site)), its DP."""
+    task, _, _, classes = data_shape(cfg)
+    fcfg = FedIODConfig.from_preset(cfg)
+    disc = site_discriminator(cfg, site, seed)
+    site_seed = stable_seed("fediod-site", seed, site) % (2**31)
+    return SiteDistiller(teacher, disc, real_batches(train_set, fcfg.batch_size, site_seed), fcfg, task, classes,
+                         privacy=privacy, device=device, seed=site_seed)
+
+
+def label_counts(dataset, task: str, num_classes: int) -> torch.Tensor:
+    """Per-class label counts of a site's training set (pixels per class for segmentation): ``(C,)`` float64."""
+    counts = torch.zeros(num_classes, dtype=torch.float64)
+    for i in range(len(dataset)):
+        label = torch.as_tensor(dataset[i]["label"]).long().reshape(-1)
+        if label.numel() and (int(label.min()) < 0 or int(label.max()) >= num_classes):
+            raise ConfigError(f"a training label lies outside 0..{num_classes - 1} (data.num_classes={num_classes})")
+        counts += torch.bincount(label, minlength=num_classes).double()
+    return counts

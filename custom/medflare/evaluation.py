@@ -106,8 +106,7 @@ def _evaluate_one(label, predictor, sources, metrics, device, batch_size, verbos
     """Score one predictor on every source and ``log`` the summary a person reads."""
     import torch
 
-    from medflare.common.report import (confusion_matrix, confusion_table, metrics_table, named_fractions_table,
-                                        per_class_table, site_table)
+    from medflare.common.report import confusion_matrix, confusion_table, metrics_table, per_class_table, site_table
     from medflare.common.training import make_loader
     from medflare.data.writeback import is_volume_preset, scored_batches
     from medflare.metrics import evaluate
@@ -141,8 +140,6 @@ def _evaluate_one(label, predictor, sources, metrics, device, batch_size, verbos
     if any(len(classes) > 1 or r.get("absent_classes") for r in per_site.values() for classes in r.get("per_class", {}).values()):
         log("\nper class ('-': in no prediction and no label at that site, left out of the class mean):\n"
             + per_class_table(per_site))
-    if reports:
-        log("\ncases routed to each model (%):\n" + named_fractions_table(reports, first="test site"))
     for name, result in per_site.items():
         if "confusion" in result:
             log(f"\n{name}: confusion matrix and per-class accuracy (%)\n" + confusion_table(result["confusion"]))
@@ -161,7 +158,8 @@ def evaluate_result(model: str | os.PathLike, *, datalist: str | None = None, np
     """Score the saved result ``model`` on ``datalist``, ``npz`` or ``sites`` (split ``split``) with ``metrics`` (default:
     the preset's); ``options`` are the kind's options as text (``{"gamma": "0.9"}``). Returns ``{"model", "kind",
     "split", "options", "evaluations": [{"label", "sites", "client_average", "global"}, ...]}``, one evaluation per
-    predictor the kind offers; the tables a person reads go to ``log``."""
+    predictor the kind offers, then one per model the kind is compared with (a super model's global model; the key
+    metric of every model is then also printed side by side); the tables a person reads go to ``log``."""
     result, dev = open_result(model, preset, device)
     parsed = kind_options(result, options or {}, model)
     data_cfg = result.description["data"]
@@ -170,6 +168,41 @@ def evaluate_result(model: str | os.PathLike, *, datalist: str | None = None, np
     found = sources(data_cfg, split, datalist=datalist, npz=npz, sites=sites)
     chosen = list(metrics) if metrics else result.preset["eval"]["metrics"]
     log(f"{model}: kind '{result.kind}', preset '{result.description['preset']}', {split} split, device {dev}")
-    evaluations = [_evaluate_one(label, predictor, found, chosen, dev, batch_size, verbose, data_cfg, log)
-                   for label, predictor in result.predictors(parsed)]
+    from medflare.common.report import named_fractions_table
+
+    titles: dict[str, str] = {}  # label -> what its routing report is (a predictor that routes cases, e.g. FedSM's)
+
+    def scored(label: str, predictor) -> dict[str, Any]:
+        evaluation = _evaluate_one(label, predictor, found, chosen, dev, batch_size, verbose, data_cfg, log)
+        if any("report" in r for r in evaluation["sites"].values()):
+            titles[label] = getattr(predictor, "report_title", "share of each test site's cases routed to each model (%)")
+        return evaluation
+
+    own = [scored(label, predictor) for label, predictor in result.predictors(parsed)]
+    beside = [scored(label, predictor) for label, predictor in result.compared_with()]
+    evaluations = own + beside  # the result's own predictors first: a report row reads evaluations[0]
+    if beside:
+        key = result.preset["eval"]["key_metric"]
+        log(f"\n== side by side: {key} (%) of each model ==\n" + side_by_side_table(beside + own, key))
+    for e in evaluations:
+        if e["label"] in titles:
+            routed = {site: r["report"] for site, r in e["sites"].items() if "report" in r}
+            log(f"\n{e['label']}: {titles[e['label']]}\n" + named_fractions_table(routed, first="test site"))
     return {"model": str(model), "kind": result.kind, "split": split, "options": parsed, "evaluations": evaluations}
+
+
+def side_by_side_table(evaluations: Sequence[Mapping[str, Any]], key: str) -> str:
+    """One markdown row per test site (then the client average and all cases pooled), one column per evaluated model:
+    its ``key`` score in percent."""
+    from medflare.common.report import POOLED, format_cell, metric_header
+
+    first = evaluations[0]
+    rows = [(site, [e["sites"][site]["mean"].get(key) for e in evaluations], str(first["sites"][site]["num_cases"]))
+            for site in first["sites"]]
+    if len(rows) > 1:
+        rows += [("client average", [e["client_average"].get(key) for e in evaluations], ""),
+                 (POOLED, [e["global"].get(key) for e in evaluations], "")]
+    lines = ["| test site | cases | " + " | ".join(f"{e['label']}: {metric_header(key)}" for e in evaluations) + " |",
+             "|" + "---|" * (len(evaluations) + 2)]
+    lines += [f"| {name} | {cases} | " + " | ".join(format_cell(key, v) for v in values) + " |" for name, values, cases in rows]
+    return "\n".join(lines)

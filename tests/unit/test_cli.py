@@ -41,8 +41,8 @@ def test_evaluate_equals_the_metric_functions_and_prints_a_summary(tmp_path, cap
     expected = _direct(model, load_site("site-1", get_preset(TINY)["data"]).test)
     assert site["mean"] == pytest.approx(expected["mean"]) and len(site["per_case"]) == expected["num_cases"]
     printed = capsys.readouterr().out
-    assert "| site | cases | dice |" in printed
-    assert "| site | dice_c1 | dice_c2 |" in printed  # 3 classes: the per-class table too
+    assert "| site | cases | dice (%) |" in printed  # the unit in the header
+    assert "| site | dice_c1 (%) | dice_c2 (%) |" in printed  # 3 classes: the per-class table too
     assert "name=" not in printed and printed.count("\n") < 16, "a summary, not a line per case"  # per-case rows only with --verbose
     assert main(["evaluate", "--model", str(ckpt), "--site", "site-1", "--verbose"]) == 0
     assert capsys.readouterr().out.count("name=") == expected["num_cases"]
@@ -59,7 +59,7 @@ def test_evaluate_on_several_sites_gives_the_table_3_layout(tmp_path, capsys):
     pooled = [c["dice"] for r in per_site.values() for c in r["per_case"]]
     assert ev["global"]["dice"] == pytest.approx(np.mean(pooled))
     printed = capsys.readouterr().out
-    assert "| client average |" in printed and "| global |" in printed
+    assert "| client average |" in printed and "| all cases |" in printed  # "global" pooled every case: said so
 
 
 def test_evaluate_a_classifier_prints_per_class_accuracy_and_a_confusion_matrix(tmp_path, capsys):
@@ -182,14 +182,24 @@ def test_evaluate_a_super_model_routes_by_gamma(tmp_path, capsys):
     sm, nets = _super_model(tmp_path / "sm.pt")
     out = tmp_path / "r.json"
     assert main(["evaluate", "--model", str(sm), "--site", "site-1", "--gamma", "1,0.5", "--out", str(out)]) == 0
-    always_global, routed = json.loads(out.read_text())["evaluations"]
+    always_global, routed, global_model = json.loads(out.read_text())["evaluations"]
     test = load_site("site-1", get_preset(TINY)["data"]).test
     site = "site-1"
-    assert always_global["sites"][site]["report"]["GM"] == 1.0
-    assert always_global["sites"][site]["mean"]["dice"] == pytest.approx(_direct(nets["global"], test)["mean"]["dice"])
-    assert routed["sites"][site]["report"] == {"GM": 0.0, "site-1": 0.0, "site-2": 1.0}
+    assert always_global["sites"][site]["report"]["global model"] == 1.0
+    direct_global = _direct(nets["global"], test)["mean"]["dice"]
+    assert always_global["sites"][site]["mean"]["dice"] == pytest.approx(direct_global)
+    assert routed["sites"][site]["report"] == {"global model": 0.0, "site-1": 0.0, "site-2": 1.0}
     assert routed["sites"][site]["mean"]["dice"] == pytest.approx(_direct(nets["p1"], test)["mean"]["dice"])
-    assert "| test site | GM | site-1 | site-2 |" in capsys.readouterr().out
+    # the super model's own global model is scored beside it (the README's promise), in one table, in percent
+    assert global_model["label"] == "global model" and "report" not in global_model["sites"][site]
+    assert global_model["sites"][site]["mean"]["dice"] == pytest.approx(direct_global)
+    printed = capsys.readouterr().out
+    side = printed[printed.index("== side by side"):].splitlines()
+    assert side[1] == ("| test site | cases | global model: dice (%) | super model, gamma 1.0: dice (%) | "
+                       "super model, gamma 0.5: dice (%) |")
+    assert side[3].split(" | ")[2] == f"{100 * direct_global:.2f}"
+    assert "| test site | global model (%) | site-1 (%) | site-2 (%) |" in printed
+    assert "'global model': the FedAvg global model" in printed and "GM" not in printed
 
 
 def test_kind_options_are_checked(tmp_path, capsys):

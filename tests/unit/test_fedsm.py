@@ -227,8 +227,8 @@ def test_super_model_predictor_runs_the_chosen_network_per_case():
         torch.testing.assert_close(out[1], nets[2](x[1:2])[0])
         torch.testing.assert_close(out[2], nets[0](x[2:3])[0])
     assert pred.choices == [0, 1, GLOBAL]
-    assert pred.report() == pytest.approx({"GM": 1 / 3, "s1": 1 / 3, "s2": 1 / 3})
-    assert selection_frequency([], ["s1"]) == {"GM": 0.0, "s1": 0.0}
+    assert pred.report() == pytest.approx({"global model": 1 / 3, "s1": 1 / 3, "s2": 1 / 3})
+    assert selection_frequency([], ["s1"]) == {"global model": 0.0, "s1": 0.0}
 
 
 # ---- FedSM-extra --------------------------------------------------------------------------------

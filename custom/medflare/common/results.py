@@ -171,6 +171,11 @@ class Result:
         """``[(label, predictor)]``: one per value of a swept option, else one."""
         raise MedflareError(f"result kind '{self.kind}' ({self.path}) has nothing that predicts")
 
+    def compared_with(self) -> list[tuple[str, Predictor]]:
+        """``[(label, predictor)]`` that ``medflare evaluate`` scores beside :meth:`predictors` in one table (e.g. a super
+        model's own global model); ``predict`` never uses them. Default none."""
+        return []
+
     def sample(self, label_maps: Sequence[torch.Tensor], options: Mapping[str, Any]) -> list[torch.Tensor]:
         """Images generated from (1, *spatial) label maps (or unconditioned when empty); generators override."""
         raise MedflareError(f"result kind '{self.kind}' ({self.path}) cannot sample images; it holds {sorted(self.networks)}")

@@ -72,6 +72,10 @@ class SuperModel(Result):
                 raise ConfigError(f"gamma values must lie in [0, 1], got {list(gammas)}")
         return [(f"super model, gamma {g}", self.predictor(g)) for g in gammas]
 
+    def compared_with(self) -> list[tuple[str, nn.Module]]:
+        """The super model's global model alone (FedAvg's model of the same run), scored beside the super model."""
+        return [("global model", self.global_model)]
+
     def parts(self) -> dict[str, str]:
         names = {P.GLOBAL: "global", P.SELECT: "selector",
                  **{P.person_key(i): f"personalised ({s})" for i, s in enumerate(self.sites)}}

@@ -16,6 +16,10 @@ from medflare import MedflareError
 GLOBAL = -1
 #: Algorithm 2's typicality threshold when a job or a command gives none
 DEFAULT_GAMMA = 0.05
+#: the name of the global model in a routing report (the paper's Table 5 calls it "GM")
+GLOBAL_MODEL = "global model"
+#: what a routing report's table is, for the header above it
+REPORT_TITLE = "cases routed to each model (%; 'global model': the FedAvg global model, a site: its personalised model)"
 
 
 def route(typicality: torch.Tensor, gamma: float, head_probs: torch.Tensor | None = None) -> torch.Tensor:
@@ -75,6 +79,8 @@ class SuperModelPredictor:
     def reset(self) -> None:
         self.choices = []
 
+    report_title = REPORT_TITLE
+
     def report(self) -> dict[str, float]:
         """Fraction of the cases seen since :meth:`reset` routed to each model (paper Table 5 layout)."""
         return selection_frequency(self.choices, self.sites)
@@ -102,9 +108,10 @@ class SuperModelPredictor:
 
 
 def selection_frequency(choices: Sequence[int], sites: Sequence[str]) -> dict[str, float]:
-    """Fraction of cases routed to each model (paper Table 5 layout): ``{"GM": f, site: f, ...}``."""
+    """Fraction of cases routed to each model (paper Table 5 layout, whose "GM" is ``"global model"`` here):
+    ``{"global model": f, site: f, ...}``, a site's name standing for its personalised model."""
     n = max(len(choices), 1)
-    freq = {"GM": sum(1 for c in choices if c == GLOBAL) / n}
+    freq = {GLOBAL_MODEL: sum(1 for c in choices if c == GLOBAL) / n}
     for i, site in enumerate(sites):
         freq[site] = sum(1 for c in choices if c == i) / n
     return freq

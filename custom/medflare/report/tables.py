@@ -123,7 +123,9 @@ def _bytes(v: float) -> str:
 
 def markdown(rows: list[dict[str, Any]], task: str, sites: list[str]) -> str:
     key = key_metric(task)
-    head = ["method", "seeds", *sites, "client avg", "global"] + (["HD95"] if task == "seg" else []) + [
+    # scores in percent, the unit in the header; "all cases" pools every site's test cases (JSON key "global")
+    head = ["method", "seeds", *(f"{s} {key} (%)" for s in sites), f"client avg {key} (%)", f"all cases {key} (%)"] + (
+        ["HD95 (px)"] if task == "seg" else []) + [
         "up / site / round (task results)", "up / site / round (every channel)", "down / site / round",
         "total (every channel up, task data down)", "what left the sites (every channel)", "wall s", "FLARE overhead s",
         "peak MB / site", "epsilon"]

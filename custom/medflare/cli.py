@@ -1,6 +1,8 @@
-"""The medflare command: make data, inspect and score saved results, write predictions and samples, run the
-non-federated baselines, audit a job, build the report.
+"""The medflare command: run or submit a job, make data, inspect and score saved results, write predictions and samples,
+run the non-federated baselines, audit a job, build the report.
 
+    medflare run fedsm -n 4 [--preset P] [--set train.lr=0.01] [--rounds 5]   a job in FLARE's simulator (SimEnv)
+    medflare submit fedsm --startup-kit KIT [--set ...]          an exported copy of a job to a POC/real federation
     medflare presets                                             the presets, one line each
     medflare data --preset seg_synthetic -n 4 --out DIR          write sites' data for MEDFLARE_DATA=DIR
     medflare data --from-folder DIR [--out DIR/datalist.json]    a datalist for a folder of image/label pairs
@@ -125,10 +127,23 @@ def cmd_show(args) -> dict[str, Any]:
     for name, what in result.parts().items():
         print(f"  {name}: {what}")
     for key, value in result.info.items():
-        print(f"  {key}: {value}")
+        print(f"  {key}: {_shown(key, value)}")
     if kind.options:
         print("options: " + ", ".join(f"--{o.name}" for o in kind.options))
     return {"kind": result.kind, "description": result.description, "parts": result.parts(), "info": result.info}
+
+
+def _shown(key: str, value: Any) -> str:
+    """An ``info`` entry for a person: the scores under ``metrics`` in percent (``dice 71.23 %``), other numbers with 4
+    significant digits, dicts as ``name value`` pairs."""
+    from medflare.common.report import format_metric
+
+    if isinstance(value, dict) and value:
+        return ", ".join(f"{k} {format_metric(k, v) if key == 'metrics' and not isinstance(v, dict) else _shown(k, v)}"
+                         for k, v in value.items())
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
 
 
 def cmd_predict(args) -> dict[str, Any]:
@@ -180,6 +195,20 @@ def cmd_audit(args) -> dict[str, Any]:
              if audit["unbounded"] else ""))
     print(f"analytics: {audit['analytics']}")
     return audit
+
+
+def cmd_run(args) -> dict[str, Any]:
+    from medflare.jobs.run import run_job
+
+    return run_job(args.job, args.n, root=args.workspace_root, preset=args.preset, assignments=args.set or [],
+                   rounds=args.rounds, verbose=args.verbose)
+
+
+def cmd_submit(args) -> dict[str, Any]:
+    from medflare.jobs.submit import submit_job
+
+    return submit_job(args.job, args.startup_kit, username=args.username, preset=args.preset, assignments=args.set or [],
+                      rounds=args.rounds, byoc=args.byoc)
 
 
 def cmd_report(args) -> dict[str, Any]:
@@ -253,6 +282,41 @@ def build_parser() -> argparse.ArgumentParser:
     def add_sites(p):
         p.add_argument("-n", type=_positive, help="sites site-1..site-N (default 4)")
         p.add_argument("--sites", help="comma-separated site names (overrides -n)")
+
+    def add_job_settings(p):
+        p.add_argument("job", help="a shipped job: fedavg, fedprox, scaffold, fedsm, fedvck, fediod, fediod_seg, "
+                                   "fedst_separate, fedst_join (jobs/<job>/ is its recipe's export)")
+        p.add_argument("--preset", help="the preset the job runs with (default: the job folder's; see 'medflare presets')")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override a preset value, e.g. --set train.lr=0.01 --set train.epochs=2 (repeatable; "
+                            "the value is read as JSON when it parses); an unknown key is an error naming it")
+        p.add_argument("--rounds", type=_positive, help="rounds of the job (default: the job folder's)")
+
+    p = sub.add_parser("run", help="run a job in FLARE's simulator (its recipe in SimEnv): one line per round, then the result",
+                       description="Run a shipped job's FLARE 2.9 recipe in FLARE's simulator environment (SimEnv), one "
+                                   "thread per site. Prints one line per round (the mean over sites of the job's key "
+                                   "metric, the round's seconds) and FLARE's warnings, then the result file and the "
+                                   "'medflare evaluate' command that scores it. The job folder itself runs with "
+                                   "'nvflare simulator jobs/<job> -w WS -n N -t N'.")
+    add_job_settings(p)
+    p.add_argument("-n", type=_positive, default=4, help="simulated sites site-1..site-N (default 4)")
+    p.add_argument("-w", "--workspace-root", default="/tmp/medflare",
+                   help="the run's workspace is ROOT/<job> (FLARE's SimEnv layout; default /tmp/medflare)")
+    p.add_argument("--verbose", action="store_true", help="print FLARE's whole (concise) console, not only the round lines")
+    p.add_argument("--out", dest="out_json", help="write the run's summary (workspace, result, command) as JSON")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("submit", help="submit a job to a POC or provisioned federation (an exported copy: jobs/ stays as it is)",
+                       description="Export the job's recipe with the given settings to a temporary folder, without "
+                                   "app/custom (the shipped site templates refuse bring-your-own-code jobs), and submit "
+                                   "that copy with FLARE's Session API; FLARE signs the copy, never jobs/<job>.")
+    add_job_settings(p)
+    p.add_argument("--startup-kit", required=True, help="the submitting admin's startup kit folder")
+    p.add_argument("--username", help="the admin's user name (default: the kit folder's name, as FLARE provisions it)")
+    p.add_argument("--byoc", action="store_true",
+                   help="keep app/custom (only for a federation whose sites admit bring-your-own-code jobs)")
+    p.add_argument("--out", dest="out_json", help="write the job id and the copy's settings as JSON")
+    p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("data", help="write synthetic sites to a folder (for MEDFLARE_DATA), or a datalist for a folder")
     p.add_argument("--preset", default="seg_synthetic",

@@ -35,6 +35,7 @@ from medflare.checks import check_int
 from medflare.common.component import keep_args
 from medflare.common.site_errors import MissingSites
 from medflare.common.site_weights import SiteWeights
+from medflare.common.summary import RoundSummary
 
 CTRL_DIFF = AlgorithmConstants.SCAFFOLD_CTRL_DIFF
 
@@ -54,26 +55,40 @@ def _dtypes_of(results: List[FLModel], key: str | None = None) -> dict:
 
 class _Resilient:
     """Mixin over a FLARE workflow: ``ignore_result_error=True``, ``min_responses`` (default 1) and ``task_timeout`` per
-    round, bounded weights, float64 aggregation and finite checks (see the module docstring)."""
+    round, bounded weights, float64 aggregation and finite checks (see the module docstring), and one summary line per
+    round with the federation curve of ``key_metric`` (:mod:`medflare.common.summary`; "" = none)."""
 
-    def __init__(self, *args: Any, min_responses: int = 1, task_timeout: int = 3600, **kwargs: Any):
+    def __init__(self, *args: Any, min_responses: int = 1, task_timeout: int = 3600, key_metric: str = "", **kwargs: Any):
         kwargs["ignore_result_error"] = True
         super().__init__(*args, **kwargs)
         name = type(self).__name__
         check_int(name, "min_responses", min_responses, 1)
         check_int(name, "task_timeout", task_timeout, 0)
         check_int(name, "num_rounds", self.num_rounds, 1)  # FLARE's FedAvg ran 0 rounds and ended rc 0 with no model
-        keep_args(self, min_responses=min_responses, task_timeout=task_timeout)
+        keep_args(self, min_responses=min_responses, task_timeout=task_timeout, key_metric=key_metric)
         self._missing = MissingSites()
         self._asked: list[str] = []
         self._bound = SiteWeights(what=f"{name} 'train'")
+        self._summary = RoundSummary(self)
+        self._scores: dict[str, dict] = {}  # the round's validation scores by site (of the model the sites received)
+        self._said_all = False
 
     # ---- who was asked, who answered, why not ----------------------------------------------------
     def sample_clients(self, num_clients: int = None) -> List[str]:
-        """FLARE's sampling (once per round); also starts the round's record of missing sites."""
+        """FLARE's sampling (once per round); also starts the round's record of missing sites and its clock. Asking for
+        more sites than the run has (the job's 4 in a 2-site simulation) asks all of them, said once (FLARE logs an
+        error every round)."""
+        self._summary.start()
+        available = len(self.engine.get_clients())
+        if num_clients and num_clients > available:
+            if not self._said_all:
+                self.info(f"num_clients {num_clients} but {available} sites in this run: every round asks all {available}")
+                self._said_all = True
+            num_clients = available
         clients = super().sample_clients(num_clients)
         self._asked = [c if isinstance(c, str) else getattr(c, "name", str(c)) for c in clients]
         self._missing.reset()
+        self._scores = {}
         return clients
 
     def broadcast_model(self, *args: Any, timeout: int = 0, **kwargs: Any):
@@ -103,6 +118,8 @@ class _Resilient:
             self._missing.causes[site] = f"refused by the server: {why}"
         out = []
         for r in results:
+            if isinstance(r.metrics, dict):
+                self._scores[_site(r)] = r.metrics
             if _site(r) not in decided.weights:
                 continue
             meta = {**(r.meta or {}), FLMetaKey.NUM_STEPS_CURRENT_ROUND: decided.weights[_site(r)]}
@@ -124,13 +141,16 @@ class _Resilient:
         """FLARE's update, then the model checked finite before it is saved or sent (PayloadError naming the keys)."""
         model = super().update_model(model, aggr_result)
         check_finite_params(model.params or {}, f"{type(self).__name__} round {self.current_round}: the updated global model")
+        if self.key_metric:  # the sites' scores of the global model they received this round, and the round's time
+            self._summary.report(self.fl_ctx, self.current_round, self.start_round + self.num_rounds, self.key_metric,
+                                 self._scores)
         return model
 
 
 class ResilientFedAvg(_Resilient, FedAvg):
     """FLARE's FedAvg with ``ignore_result_error=True``, ``task_timeout`` (default 3600 s, 0 = wait forever) and
     bounded, float64 aggregation, that ends the job when fewer than ``min_responses`` (default 1) sites answered a
-    round. Other args: FLARE's FedAvg's."""
+    round, and logs each round's mean ``key_metric`` over sites (default "": no line). Other args: FLARE's FedAvg's."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -163,7 +183,7 @@ class ResilientFedAvg(_Resilient, FedAvg):
 class ResilientScaffold(_Resilient, Scaffold):
     """FLARE's Scaffold with ``ignore_result_error=True``, ``task_timeout`` (default 3600 s, 0 = wait forever) and
     bounded, float64 aggregation, that ends the job when fewer than ``min_responses`` (default 1) sites answered a
-    round. Other args: FLARE's Scaffold's."""
+    round, and logs each round's mean ``key_metric`` over sites (default "": no line). Other args: FLARE's Scaffold's."""
 
     def aggregate(self, results: List[FLModel], aggregate_fn=None) -> FLModel:
         kept = self.bounded(results)

@@ -49,7 +49,8 @@ class _BaselineRecipe(JobRecipe):
         # round's weighted average instead of ending the job (FedAvg asks every sampled site, so FLARE's default
         # would end it at the first one); a round no site answered ends it (medflare.baselines.controller).
         workflow = self.workflow_cls(num_clients=num_clients, num_rounds=num_rounds, persistor_id="persistor",
-                                     task_check_period=TASK_CHECK_PERIOD, **workflow_args)
+                                     task_check_period=TASK_CHECK_PERIOD, key_metric=key_metric, **workflow_args)
+        persistor = PresetModelPersistor(preset=preset, overrides=overrides, seed=seed)
         super().__init__(
             self.job_name,
             workflow=workflow,
@@ -60,8 +61,9 @@ class _BaselineRecipe(JobRecipe):
             preset=preset,
             overrides=overrides,
             scope="standard",
+            result_file=persistor.global_model_file_name,
             server_components={
-                "persistor": PresetModelPersistor(preset=preset, overrides=overrides, seed=seed),
+                "persistor": persistor,
                 # the best model by the sites' mean score, each site once (the client average): weighing by the count a
                 # site reports would let a lying site pick the "best" round (the aggregation bounds counts, this does not)
                 "model_selector": IntimeModelSelector(key_metric=key_metric, weigh_by_local_iter=False),

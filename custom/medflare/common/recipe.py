@@ -7,7 +7,7 @@ the recipes and a test fails when a folder and its recipe's export differ, so a 
 one and not in the other.
 
 :class:`JobRecipe` wires what every medflare job has besides its workflow and executor: the server's
-TensorBoard receiver and the sites' analytics-to-federated-event converter (scalars; what a site keeps goes to its
+TensorBoard receiver, the line naming the result file at the end of the run (:class:`~medflare.common.summary.RunSummary`), the sites' analytics-to-federated-event converter (scalars; what a site keeps goes to its
 own receiver, :mod:`medflare.common.tracking`), the job's manifest of what its sites send, checked by every site
 before a reply leaves (:class:`~medflare.common.egress.ManifestFilter`) and unpacked on the server
 (:class:`~medflare.common.egress.Intake`), the privacy scope the job asks its sites for, the server's update guard
@@ -40,6 +40,7 @@ from nvflare.recipe.spec import Recipe
 
 from medflare.common.egress import Intake, ManifestFilter
 from medflare.common.result_guard import UpdateGuard
+from medflare.common.summary import RunSummary
 from medflare.common.task_wait import TaskReadyResponder, WaitForNextTask
 from medflare.common.tracking import LOCAL_EVENT_TYPE, SERVER_EVENT_TYPE
 
@@ -87,6 +88,8 @@ class JobRecipe(Recipe):
             holding anything else. Required.
         scope: the sites' privacy scope the job runs under (``"scope"`` of meta.json; a site whose privacy.json lacks it
             refuses the job): the safe default for what the job sends. Required.
+        result_file: the file the job saves in the server's app folder (what ``medflare evaluate`` scores); the server's
+            :class:`~medflare.common.summary.RunSummary` names it at the end of the run. Required.
         preset, overrides: the job's preset and overrides, which size the manifest's weight parts. Default none.
         server_components: ``{id: component}`` beside the workflow (persistor, model selector, ...). Default none.
         client_components: ``{id: component}`` beside the executor. Default none.
@@ -107,6 +110,7 @@ class JobRecipe(Recipe):
         tasks: Sequence[str],
         manifest: Mapping[str, Any],
         scope: str,
+        result_file: str,
         preset: str = "",
         overrides: Mapping[str, Any] | None = None,
         server_components: Mapping[str, Any] | None = None,
@@ -121,6 +125,7 @@ class JobRecipe(Recipe):
         for comp_id, comp in (server_components or {}).items():
             job.to_server(comp, id=comp_id)
         job.to_server(TBAnalyticsReceiver(events=[SERVER_EVENT_TYPE]), id="tb_receiver")
+        job.to_server(RunSummary(job=name, result_file=result_file), id="run_summary")
         job.to_server(TaskReadyResponder(), id="task_ready")
         job.to_clients(executor, tasks=list(tasks))
         for extra, extra_tasks in more_executors or ():
@@ -136,6 +141,7 @@ class JobRecipe(Recipe):
         if undeclared:
             raise ValueError(f"job '{name}': tasks {undeclared} have no entry in the manifest of what the sites send")
         self.manifest = dict(manifest)
+        self.result_file = result_file
         for task in all_tasks:  # one entry per task: FLARE exports a multi-task entry's task list in set order
             self.add_client_output_filter(ManifestFilter(manifest, preset=preset, overrides=overrides), tasks=[task])
         self.add_server_input_filter(Intake(), tasks=all_tasks)  # the sites' parts as the workflows read them

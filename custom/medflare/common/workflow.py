@@ -11,7 +11,9 @@ FedAvg:
   the persistor save it as the best model;
 - aggregation is bracketed by ``BEFORE_AGGREGATION`` and ``AFTER_AGGREGATION`` (with
   ``AGGREGATION_RESULT``);
-- every result passes FLARE's ``BEFORE/AFTER_CONTRIBUTION_ACCEPT`` events (BaseModelController does it).
+- every result passes FLARE's ``BEFORE/AFTER_CONTRIBUTION_ACCEPT`` events (BaseModelController does it);
+- each round ends with one summary line and a point on the federation curve (:meth:`SiteRounds.report_round`, the same
+  as the baselines' FLARE workflows: :mod:`medflare.common.summary`).
 
 What FedAvg does not do and hospitals need: each site may get its own payload (FedSM's personalised
 model, FedIOD's per-site gradients), a site that does not answer within ``task_timeout`` counts as
@@ -55,6 +57,7 @@ from medflare.common.result_guard import UPDATE_REFUSED
 from medflare.common.site_config import read_site_config
 from medflare.common.site_errors import MissingSites
 from medflare.common.site_weights import SiteWeights
+from medflare.common.summary import RoundSummary
 
 
 def filter_history(params: Any) -> dict[str, list[str]]:
@@ -101,6 +104,7 @@ class SiteRounds(ModelController):
         self._expected: set[str] = set()
         self._all_in = threading.Event()
         self.best_value = float("-inf")  # the best value given to offer_best so far
+        self.summary = RoundSummary(self)  # the round's line and federation curve (report_round)
 
     def start_controller(self, fl_ctx: FLContext) -> None:
         """FLARE's set-up, then the server process's share of its machine (torch threads for the workflow's own
@@ -126,6 +130,7 @@ class SiteRounds(ModelController):
         """Set CURRENT_ROUND / NUM_ROUNDS, publish ``validated`` (the model this round's site metrics describe)
         as GLOBAL_MODEL, and fire ROUND_STARTED."""
         self.current_round = rnd
+        self.summary.start()
         self.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, rnd, private=True, sticky=False)
         self.fl_ctx.set_prop(AppConstants.NUM_ROUNDS, total, private=True, sticky=False)
         if validated is not None:
@@ -137,6 +142,13 @@ class SiteRounds(ModelController):
         (e.g. with the round's scores once they arrived)."""
         learnable = make_model_learnable(weights=validated.params, meta_props=dict(validated.meta or {}))
         self.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, learnable, private=True, sticky=True)
+
+    def report_round(self, rnd: int, total: int, key: str, per_site: Mapping[str, Mapping[str, Any]],
+                     also: tuple[str, ...] = ()) -> float:
+        """The round's summary line (mean over sites of ``key``, each site once; means of ``also`` in brackets; seconds
+        since :meth:`start_round`) and its point on the federation curve in the server's TensorBoard
+        (:class:`medflare.common.summary.RoundSummary`). ``per_site``: ``{site: {metric: value}}``. Returns the mean."""
+        return self.summary.report(self.fl_ctx, rnd, total, key, per_site, also)
 
     def offer_best(self, value: float, model: FLModel | None = None) -> bool:
         """For a workflow that judges its models itself: when ``value`` beats every value offered before (NaN never

@@ -131,6 +131,7 @@ class FedIODController(SiteRounds):
         self.teachers: dict[str, dict] = {}
         self.window = 0
         self.rnd = 0
+        self._scores: dict[str, dict] = {}  # the sites' validation of the student in this round (for its summary line)
         self.ended = ""
 
     def _need(self) -> int:
@@ -249,6 +250,7 @@ class FedIODController(SiteRounds):
             names = sorted({k for m in per_site for k in m})
             return {k: float(np.mean([m[k] for m in per_site if k in m])) for k in names}
 
+        self._scores = {s: dict(r.params[P.PART_METRICS].data) for s, r in results.items() if P.PART_METRICS in (r.params or {})}
         mean = self.aggregate(results, mean_metrics)
         self.info(f"round {rnd}: student, mean validation over sites: " + ", ".join(f"{k}={v:.4f}" for k, v in mean.items()))
         self.tracker.scalars(self.fl_ctx, {f"student/{k}": v for k, v in mean.items()}, rnd)
@@ -274,6 +276,11 @@ class FedIODController(SiteRounds):
             labels = window.labels()[0] if window.y is not None else None
             self.tracker.image(self.fl_ctx, "generated/samples", sample_grid(window.inputs()[0], labels), rnd)
 
+    def _report(self, rnd: int) -> None:
+        """The round's summary line and federation curve: the student as the sites scored it at the round's start (the
+        student that entered the round), and the round's time (validation and distillation)."""
+        self.report_round(rnd, self.num_rounds + 1, f"val_{self.cfg['eval']['key_metric']}", self._scores)
+
     # ---- the workflow ------------------------------------------------------------------------
     def run(self) -> None:
         self._init()
@@ -289,9 +296,11 @@ class FedIODController(SiteRounds):
             if rnd > 0:
                 self.save_model(model)
             due = rnd == self.num_rounds or self.ended or (self.validate_every and rnd % self.validate_every == 0)
+            self._scores = {}
             if due and self.active:
                 self._validate(rnd)
             if rnd == self.num_rounds or self.ended:
+                self._report(rnd)
                 break
             tic, totals = time.perf_counter(), {}
             for _ in range(self.fcfg.windows_per_round):
@@ -304,6 +313,7 @@ class FedIODController(SiteRounds):
             if self.abort_signal.triggered:
                 return
             self._log_round(rnd, totals, time.perf_counter() - tic)
+            self._report(rnd)
         if self.ended:
             self.info(f"distillation ended early after round {self.rnd}: {self.ended}")
         self.info(f"FedIOD finished: student + generator in {self.get_app_dir()}")

@@ -43,6 +43,7 @@ class FedIODRecipe(JobRecipe):
         **controller_args: Any,
     ):
         preset = preset or self.default_preset
+        persistor = FedIODPersistor(preset=preset, overrides=overrides, seed=seed)
         super().__init__(
             self.job_name,
             workflow=FedIODController(num_rounds=num_rounds, preset=preset, overrides=overrides, seed=seed, device=device,
@@ -54,7 +55,8 @@ class FedIODRecipe(JobRecipe):
             preset=preset,
             overrides=overrides,
             scope=scope,
-            server_components={"persistor": FedIODPersistor(preset=preset, overrides=overrides, seed=seed)},
+            result_file=persistor.global_model_file_name,
+            server_components={"persistor": persistor},
             min_clients=min_clients,
         )
         # The job itself refuses to send weights, whatever the site's privacy.json says (a site without one, e.g. a

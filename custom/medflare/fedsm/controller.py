@@ -119,7 +119,9 @@ class FedSMController(SiteRounds):
             raise ConfigError(f"FedSMController: 'gamma' must lie in [0, 1], got {gamma!r}")
         if not isinstance(head_lr, (int, float)) or not head_lr > 0:
             raise ConfigError(f"FedSMController: 'head_lr' must be > 0, got {head_lr!r}")
-        self.model_spec = get_preset(preset, overrides)["model"]
+        cfg = get_preset(preset, overrides)
+        self.model_spec = cfg["model"]
+        self.key = cfg["eval"]["key_metric"]
         check_selector_args(self.selector)  # unknown keys fail when the job is loaded, not in round 0
 
     # ---- state -------------------------------------------------------------------------------
@@ -173,6 +175,13 @@ class FedSMController(SiteRounds):
                 self.info(f"round {rnd}: {site} sent {sizes}")
         return mean
 
+    def _report(self, results: Mapping[str, FLModel], rnd: int, total: int) -> None:
+        """The round's summary line and federation curve: the super model as the sites scored it (``own_or_global``,
+        the score the best model is chosen by), beside the global model's and, where the sites hold every personalised
+        model (FedSM-extra and the final round), the exact super model's."""
+        self.report_round(rnd, total, f"own_or_global_{self.key}", {s: r.metrics or {} for s, r in results.items()},
+                          also=(f"global_{self.key}", f"super_{self.key}"))
+
     # ---- the workflow --------------------------------------------------------------------------
     def run(self) -> None:
         state = self._init_state()
@@ -197,6 +206,7 @@ class FedSMController(SiteRounds):
                 return self._super_model(state, rnd + 1)
 
             self.save_model(self.aggregate(results, combine))
+            self._report(results, rnd, total + 1)
         # One more round that trains nothing: every site scores the final super model exactly (all personalised
         # models), and the best-model selector judges it like the others.
         final = self._super_model(state, total)
@@ -209,4 +219,5 @@ class FedSMController(SiteRounds):
         self.publish(final)
         self.aggregate(results, lambda _: final)
         self.save_model(final)
+        self._report(results, total, total + 1)
         self.info(f"FedSM finished: super model saved by persistor '{self.persistor_id}'")

@@ -39,6 +39,7 @@ class FedSMRecipe(JobRecipe):
         **controller_args: Any,
     ):
         key = get_preset(preset, overrides)["eval"]["key_metric"]
+        persistor = SuperModelPersistor(preset=preset, overrides=overrides, seed=seed)
         super().__init__(
             "fedsm",
             workflow=FedSMController(num_rounds=num_rounds, preset=preset, overrides=overrides, seed=seed,
@@ -50,8 +51,9 @@ class FedSMRecipe(JobRecipe):
             preset=preset,
             overrides=overrides,
             scope="standard",
+            result_file=persistor.global_model_file_name,
             server_components={
-                "persistor": SuperModelPersistor(preset=preset, overrides=overrides, seed=seed),
+                "persistor": persistor,
                 "model_selector": IntimeModelSelector(key_metric=f"own_or_global_{key}"),
             },
             min_clients=min_clients,

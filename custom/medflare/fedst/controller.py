@@ -168,6 +168,7 @@ class FedSTController(SiteRounds):
         self._scored(results, sent, rnd)
         self.aggregate(results, lambda res: self._combine_segmentation(res, rnd))
         self.save_model(self._model(self.metrics, rnd + 1))
+        self.report_round(rnd, self.rounds_in_job + 1, self.key_metric, {s: r.metrics or {} for s, r in results.items()})
 
     def _combine_segmentation(self, results: Mapping[str, FLModel], rnd: int) -> FLModel:
         self.parts[P.SEG] = self._fedavg(self.parts[P.SEG], results, P.SEG)
@@ -189,6 +190,7 @@ class FedSTController(SiteRounds):
             self.info(f"round {rnd}: new best mean validation {self.key_metric} {value:.4f}")
 
     def _finish(self, rnd: int) -> None:
+        self.summary.start()  # the final model's validation: the summary's last line
         payloads = {s: FLModel(params_type=ParamsType.FULL, params=flatten({P.SEG: self.parts[P.SEG]}), current_round=rnd,
                                meta=self._meta()) for s in self.site_names}
         results = self._send(self.validate_task, payloads, rnd, "evaluation")
@@ -199,6 +201,7 @@ class FedSTController(SiteRounds):
             final = {k: float(np.average([results[s].metrics[k] for s in order], weights=weights)) for k in names}
             self.info("final segmentation model, mean over sites: " + ", ".join(f"{k}={v:.4f}" for k, v in final.items()))
             self.save_model(self._model(final, rnd))
+            self.report_round(rnd, self.rounds_in_job + 1, self.key_metric, {s: results[s].metrics or {} for s in order})
         self._write_ledger()
 
     def predicted_generator_bytes(self) -> int:
@@ -363,6 +366,7 @@ class FedSTJoinController(FedSTController):
                       f"mean L_simple per site in the last exchange {losses}")
             if rnd < warmup:
                 self.save_model(self._model(self.metrics, rnd + 1))
+                self.report_round(rnd, self.rounds_in_job + 1, self.key_metric, {})  # a generator round: no scores yet
                 continue
             seg_round = rnd - warmup
             refresh = seg_round == 0 or (self.refresh_every > 0 and seg_round % self.refresh_every == 0)

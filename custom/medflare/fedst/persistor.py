@@ -106,8 +106,13 @@ class FedSTPersistor(ModelPersistor):
         self.num_classes = int(get_preset(preset, overrides)["data"]["num_classes"])
         self._dir = ""
 
+    @property
+    def result_file(self) -> str:
+        """The name of the file this persistor saves the job's result to (in the server's app folder)."""
+        return self.file_name or FILE_OF[self.variant]
+
     def _path(self, best: bool) -> str:
-        name = (self.best_file_name or BEST_FILE_OF[self.variant]) if best else (self.file_name or FILE_OF[self.variant])
+        name = (self.best_file_name or BEST_FILE_OF[self.variant]) if best else self.result_file
         return os.path.join(self._dir, name)
 
     def load_model(self, fl_ctx: FLContext) -> ModelLearnable:

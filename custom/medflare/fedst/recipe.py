@@ -42,6 +42,7 @@ class _FedSTRecipe(JobRecipe):
     ):
         rounds = num_rounds if num_rounds is not None else int(get_preset(preset, overrides).get("fedst", {}).get("rounds", 10))
         site_args = dict(preset=preset, overrides=overrides, device=device, seed=seed)
+        persistor = FedSTPersistor(variant=self.variant, preset=preset, overrides=overrides, seed=seed, init_file=init_file)
         super().__init__(
             self.job_name,
             workflow=self.controller_cls(num_rounds=rounds, preset=preset, overrides=overrides, seed=seed, **controller_args),
@@ -52,8 +53,8 @@ class _FedSTRecipe(JobRecipe):
             preset=preset,
             overrides=overrides,
             scope="standard",
-            server_components={"persistor": FedSTPersistor(variant=self.variant, preset=preset, overrides=overrides, seed=seed,
-                                                           init_file=init_file)},
+            result_file=persistor.result_file,
+            server_components={"persistor": persistor},
             min_clients=min_clients,
             more_executors=[(GeneratorTrainingExecutor(**site_args), [P.TRAIN_GENERATOR]), (StyleSamplingExecutor(**site_args), [P.SAMPLE])],
         )

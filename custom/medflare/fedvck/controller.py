@@ -199,7 +199,9 @@ class FedVCKController(SiteRounds):
             new = self.aggregate(results, lambda res: self._update(uploads, rnd))
             self.save_model(new)
             self._save(rnd + 1, {})
+            self.report_round(rnd, self.num_rounds + 1, "accuracy", {s: u.metrics for s, u in uploads.items()})
         final = self._global(self.num_rounds)
+        self.summary.start()  # the final model's validation: the summary's last line
         self.publish(final)
         results = self.exchange(self.validate_task, {s: final for s in self.site_names}, self.num_rounds)
         if not results:
@@ -212,4 +214,5 @@ class FedVCKController(SiteRounds):
         test = sum(m.get("test_accuracy", 0.0) * m.get("test_cases", 0.0) for m in metrics.values()) / cases if cases else float("nan")
         self.tracker.scalars(self.fl_ctx, {"final/test_accuracy_pooled": test}, self.num_rounds)
         self._save(self.num_rounds, {"val_accuracy_pooled": pooled, "test_accuracy_pooled": test})
+        self.report_round(self.num_rounds, self.num_rounds + 1, "accuracy", metrics, also=("test_accuracy",))
         self.info(f"FedVCK finished: pooled test accuracy {test:.4f}; results in {self.get_app_dir()}")

@@ -32,6 +32,7 @@ class FedVCKRecipe(JobRecipe):
         min_clients: int = 2,
         **controller_args: Any,
     ):
+        persistor = FedVCKPersistor(preset=preset, overrides=overrides, seed=seed)
         super().__init__(
             "fedvck",
             workflow=FedVCKController(num_rounds=num_rounds, preset=preset, overrides=overrides, seed=seed, device=device,
@@ -43,6 +44,7 @@ class FedVCKRecipe(JobRecipe):
             preset=preset,
             overrides=overrides,
             scope="condensed",
-            server_components={"persistor": FedVCKPersistor(preset=preset, overrides=overrides, seed=seed)},
+            result_file=persistor.result_file_name,
+            server_components={"persistor": persistor},
             min_clients=min_clients,
         )

@@ -27,7 +27,8 @@ print(json.dumps(sorted(sys.modules)))
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["evaluate", "--help"], ["predict", "--help"], ["sample", "--help"],
-                                  ["show", "--help"], ["baseline", "--help"], ["presets"], ["--version"]])
+                                  ["show", "--help"], ["baseline", "--help"], ["presets"], ["--version"],
+                                  ["run", "--help"], ["submit", "--help"], ["run", "fedavgg", "-n", "2"]])
 def test_help_imports_no_torch_monai_or_algorithm(argv):
     """Every ``--help`` took 11-15 s: torch, MONAI and every algorithm were imported to build the parser."""
     out = subprocess.run([sys.executable, "-c", _PROBE, *argv], capture_output=True, text=True, check=True,

@@ -138,7 +138,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 #: sections owned by one algorithm whose keys the algorithm's own config checks when a job reads them (defaults for
 #: keys a preset leaves out, unknown keys refused naming the key: ``medflare.fedvck.config.FedVCKConfig.from_preset``).
 #: A preset lists only the keys it sets, and overrides may set any key in them. The names are plain data: the presets
-#: sit below the algorithms and import none of them (DESIGN.md "Layers").
+#: sit below the algorithms and import none of them (docs/design.md "Layers").
 ALGORITHM_SECTIONS = ("fedvck",)
 
 

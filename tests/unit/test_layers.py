@@ -1,4 +1,4 @@
-"""Imports point down only (DESIGN.md "Layers"): read every module of custom/medflare with ``ast`` and refuse an import
+"""Imports point down only (docs/design.md "Layers"): read every module of custom/medflare with ``ast`` and refuse an import
 that climbs a layer, crosses from one algorithm into another, or reaches the test harness from runtime code.
 
 Layers, bottom first (a module may import its own layer's package and any layer below):

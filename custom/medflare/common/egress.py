@@ -1,7 +1,7 @@
 """What a site sends, in one place: declared parts of one COLLECTION DXO, checked against the job's manifest before
 they leave, and unpacked on the server into the shape FLARE's workflows read.
 
-The bundle's egress rule (DESIGN.md, "What leaves a site"): every byte a site sends is either a task result whose
+The bundle's egress rule (docs/design.md, "What leaves a site"): every byte a site sends is either a task result whose
 parts are DXOs of declared kinds, each passed through the site's task result filters (its privacy scope), or a channel
 the site operator turned on in its own ``local/medflare_site.json`` (analytics: :mod:`medflare.common.tracking`).
 Nothing model-sized, image-like or data-derived rides in DXO meta or headers: FLARE's filters see only DXO data.

@@ -16,7 +16,7 @@ Unknown sections are an error naming the file, so a typo does not silently switc
 The section names are plain data (:data:`SECTIONS`, :data:`ALGORITHM_SECTIONS`), not a registry that algorithms fill:
 one site file serves every job the site runs and every job checks all of it (a FedAvg job must accept the file's
 ``fediod`` section), whichever algorithm the process imported. An algorithm that reads its own section adds its name
-to :data:`ALGORITHM_SECTIONS`; this module imports no algorithm (DESIGN.md "Layers").
+to :data:`ALGORITHM_SECTIONS`; this module imports no algorithm (docs/design.md "Layers").
 """
 
 from __future__ import annotations

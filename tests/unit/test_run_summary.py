@@ -20,7 +20,7 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.aggregators.weighted_aggregation_helper import WeightedAggregationHelper
 
-from medflare.baselines.workflows import ResilientFedAvg
+from medflare.baselines.controller import ResilientFedAvg
 from medflare.common.summary import (CURVE_TAG, ROUND_LINE, ROUNDS_LOGGER, RoundSummary, evaluate_command, result_line,
                                      round_line)
 from medflare.common.tracking import SERVER_EVENT_TYPE

@@ -72,3 +72,13 @@ def test_submit_sends_an_exported_copy_without_app_custom_and_leaves_jobs_clean(
     assert (byoc / "app" / "custom" / "README.md").is_file()
     with pytest.raises(ConfigError, match="not an admin startup kit"):
         submit_job("fedavg", tmp_path, session_factory=_Session)
+
+
+def test_show_prints_metrics_rounded_in_percent_and_settings_as_numbers():
+    """``medflare show`` printed the metrics as a raw dict with 16 digits."""
+    from medflare.cli import _shown
+
+    assert _shown("metrics", {"own_or_global_dice": 0.8029123456789012, "val_cases": 30.0, "hd95": 3.14159}) == (
+        "own_or_global_dice 80.29 %, val_cases 30, hd95 3.142")
+    assert _shown("fedvck", {"contrastive_weight": 0.5, "server_lr": 0.01}) == "contrastive_weight 0.5, server_lr 0.01"
+    assert _shown("gamma", 0.05) == "0.05"

@@ -239,7 +239,10 @@ class Section:
 
     @classmethod
     def from_preset(cls: type[S], cfg: Mapping[str, Any]) -> S:
-        """The section of a resolved preset (:func:`medflare.presets.get_preset`); the defaults when it has none."""
+        """The section of a resolved preset (:func:`medflare.presets.get_preset`); the defaults when it has none.
+
+        A component calls this once (at construction or START_RUN) and passes the object down, so the section is
+        checked once per component rather than rebuilt from the raw dict at every use."""
         return cls.from_dict(cfg.get(cls.SECTION))
 
     def as_dict(self) -> dict[str, Any]:
@@ -268,15 +271,6 @@ def section_class(name: str) -> type[Section]:
         raise ConfigError(f"unknown settings section '{name}' (known: {sorted(SECTIONS)})")
     module, _, attr = SECTIONS[name].partition(":")
     return getattr(importlib.import_module(module), attr)
-
-
-def read(cfg: Mapping[str, Any], name: str) -> Any:
-    """Section ``name`` of a resolved preset as its typed object (the defaults when the preset has no such section).
-
-    A component calls this once (at construction or START_RUN) and passes the object down, so the section is
-    validated once per component rather than rebuilt from the raw dict at every use.
-    """
-    return section_class(name).from_preset(cfg)
 
 
 def validate(cfg: Mapping[str, Any], names: Sequence[str] | None = None) -> None:

@@ -62,6 +62,7 @@ class Federation:
     """Sites' data and teachers for one preset (teachers trained once per preset and kept in memory)."""
 
     def __init__(self, preset: str, overrides: Mapping[str, Any] | None, sites: list[str], device, seed: int = 0):
+        self.preset, self.overrides = preset, dict(overrides or {})
         self.cfg = get_preset(preset, overrides)
         self.sites, self.device, self.seed = sites, device, seed
         self.data = {s: load_site(s, self.cfg["data"]) for s in sites}
@@ -85,11 +86,12 @@ class Federation:
 
     def distill(self, rounds: int, fediod: Mapping[str, Any] | None = None, privacy: PrivacySettings | None = None,
                 label: str = "fediod", samples_dir: Path | None = None) -> dict[str, Any]:
-        """Stage 2 for ``rounds`` rounds with the preset's fediod section updated by ``fediod``; scores after each round."""
-        cfg = {**self.cfg, "fediod": {**self.cfg.get("fediod", {}), **(fediod or {})}}
+        """Stage 2 for ``rounds`` rounds with ``fediod`` as further overrides of the preset's fediod section (any of its
+        keys, checked as a job's overrides are); scores after each round."""
+        cfg = get_preset(self.preset, {**self.overrides, "fediod": {**self.overrides.get("fediod", {}), **(fediod or {})}})
         fcfg = FedIODConfig.from_preset(cfg)
-        sites = {s: site_distiller(cfg, s, self.teachers[s], self.data[s].train, privacy, self.seed, self.device) for s in self.sites}
-        nets = server_networks(cfg, self.seed)
+        sites = {s: site_distiller(cfg, fcfg, s, self.teachers[s], self.data[s].train, privacy, self.seed, self.device) for s in self.sites}
+        nets = server_networks(cfg, fcfg, self.seed)
         labels = None
         if self.task == "segmentation":
             aux = load_site(fcfg.label_source, cfg["data"])

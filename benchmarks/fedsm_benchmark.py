@@ -49,8 +49,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run_fedsm(name: str, sites: list[str], rounds: int, preset: str, work: Path, lam: float = 0.7, extra_rounds: int = 0):
     """Run jobs/fedsm on ``sites``; returns (super model, validation curve, seconds, traffic of the first site)."""
-    run = run_job("fedsm", work / name, sites, preset=preset, timeout=7200,
-                  workflow_args={"num_rounds": rounds, "softpull_lambda": lam, "extra_rounds": extra_rounds})["run"]
+    run = run_job("fedsm", work / name, sites, preset=preset, timeout=7200, workflow_args={"num_rounds": rounds},
+                  overrides={"fedsm": {"softpull_lambda": lam, "extra_rounds": extra_rounds}})["run"]
     model_file = run.app_server / SUPER_MODEL_FILE
     if run.returncode != 0 or not model_file.is_file():
         raise RuntimeError(f"{name} failed:\n{run.log[-3000:]}")

@@ -45,7 +45,8 @@ from fedsm_benchmark import run_fedsm  # noqa: E402
 from medflare.common.training import make_loader, make_loss, make_optimizer, train_epochs  # noqa: E402
 from medflare.data import load_site  # noqa: E402
 from medflare.fedst import comm  # noqa: E402
-from medflare.fedst.diffusion import (build_style_generator, cycle, diffusion_config, generator_args, generator_optimizer,  # noqa: E402
+from medflare.fedst.config import DiffusionConfig  # noqa: E402
+from medflare.fedst.diffusion import (build_style_generator, cycle, generator_args, generator_optimizer,  # noqa: E402
                                       sample_images, sampling_scheduler, train_generator, training_scheduler)
 from medflare.fedst.persistor import FILE_OF  # noqa: E402
 from medflare.fedst.results import load_fedst_result  # noqa: E402
@@ -165,17 +166,17 @@ def quality_part(preset: str, style: str, labels_of: str, configs: list[tuple[st
     out: dict[str, Any] = {"real_test_dice": score(test_x, test_y), "rows": {}}
     trained: dict[str, Any] = {}
     for scheduler, steps in configs:
-        dcfg = diffusion_config({**cfg["diffusion"], "scheduler": scheduler})
+        dcfg = DiffusionConfig.from_preset(cfg).replace(scheduler=scheduler)
         if scheduler not in trained:
             torch.manual_seed(seed)
             gen = build_style_generator(generator_args(dcfg, styled.in_channels, styled.num_classes))
             tic = time.perf_counter()
             losses = train_generator(gen, training_scheduler(dcfg), generator_optimizer(gen, dcfg),
-                                     cycle(lambda e: make_loader(styled.train, dcfg["batch_size"], True, seed=e)), train_steps)
+                                     cycle(lambda e: make_loader(styled.train, dcfg.batch_size, True, seed=e)), train_steps)
             trained[scheduler] = (gen, time.perf_counter() - tic, losses)
         gen, train_s, losses = trained[scheduler]
         tic = time.perf_counter()
-        images = sample_images(gen, sampling_scheduler(dcfg, steps), labels, seed=seed + 1, batch_size=dcfg["sample_batch"])
+        images = sample_images(gen, sampling_scheduler(dcfg, steps), labels, seed=seed + 1, batch_size=dcfg.sample_batch)
         name = f"{scheduler} ({'DDIM' if scheduler == 'ddpm' else 'Euler'}) {steps} steps"
         out["rows"][name] = {"dice_matched": score(images, labels), "dice_shuffled": score(images, labels.roll(1, dims=0)),
                              "sample_s": time.perf_counter() - tic, "train_s": train_s, "loss_first": float(np.mean(losses[:20])),

@@ -37,7 +37,8 @@ from medflare.common.training import make_loader
 from medflare.data import load_site
 from medflare.data.util import stable_seed
 from medflare.fedst.conditioning import participation_mean
-from medflare.fedst.diffusion import (build_style_generator, cycle, diffusion_config, generator_args, generator_optimizer,
+from medflare.fedst.config import DiffusionConfig
+from medflare.fedst.diffusion import (build_style_generator, cycle, generator_args, generator_optimizer,
                                       sample_images, sampling_scheduler, train_generator, training_scheduler)
 from medflare.presets import get_preset
 
@@ -64,11 +65,11 @@ def _batches(data, batch: int, seed: int, site: str):
 
 
 def train(args, cfg, datas, sites, num_classes, in_channels) -> tuple[torch.nn.Module, list[float]]:
-    diff = cfg["diffusion"]
+    diff = DiffusionConfig.from_preset(cfg)
     torch.manual_seed(args.seed)
     gen_args = generator_args(diff, in_channels, num_classes, len(sites))
     scheduler = training_scheduler(diff)
-    batches = {s: _batches(datas[s], diff["batch_size"], args.seed, s) for s in sites}
+    batches = {s: _batches(datas[s], diff.batch_size, args.seed, s) for s in sites}
     losses: list[float] = []
     if args.mode == "central":
         generator = build_style_generator(gen_args)
@@ -76,7 +77,7 @@ def train(args, cfg, datas, sites, num_classes, in_channels) -> tuple[torch.nn.M
         for step in range(args.steps):
             k = step % len(sites)
             losses += train_generator(generator, scheduler, optimizer, batches[sites[k]], 1, domain_index=k,
-                                      loss=diff["loss"], seed=args.seed * 100003 + step)
+                                      loss=diff.loss, seed=args.seed * 100003 + step)
         return generator, losses
     glob = build_style_generator(gen_args)
     local = {s: copy.deepcopy(glob) for s in sites}
@@ -88,7 +89,7 @@ def train(args, cfg, datas, sites, num_classes, in_channels) -> tuple[torch.nn.M
         for k, s in enumerate(sites):
             load_numpy_state(local[s], sent)
             losses += train_generator(local[s], scheduler, optim[s], batches[s], args.local_steps, domain_index=k,
-                                      loss=diff["loss"], seed=args.seed * 100003 + rnd * 97 + k)
+                                      loss=diff.loss, seed=args.seed * 100003 + rnd * 97 + k)
             diffs.append(weight_diff(state_to_numpy(local[s]), sent))
         mean = participation_mean(diffs, [1.0] * len(sites))
         load_numpy_state(glob, {name: sent[name] + mean[name] for name in sent})
@@ -109,9 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="append one JSON line per run here")
     args = p.parse_args(argv)
 
-    cfg = copy.deepcopy(get_preset(args.preset))
-    cfg["diffusion"] = diffusion_config({**cfg["diffusion"], **({"lr": args.lr} if args.lr else {}),
-                                         **({"domain_lr": args.domain_lr} if args.domain_lr else {})})
+    cfg = get_preset(args.preset, {"diffusion": {**({"lr": args.lr} if args.lr else {}),
+                                                 **({"domain_lr": args.domain_lr} if args.domain_lr else {})}})
     sites = args.sites.split(",")
     datas = {s: load_site(s, cfg["data"]) for s in sites}
     first = datas[sites[0]]
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         maps[s] = torch.stack([it["label"] for it in items])
         real[s] = class_means(torch.stack([it["image"] for it in items]), maps[s], num_classes)
     drawn = {}
-    sampler = sampling_scheduler(cfg["diffusion"])
+    sampler = sampling_scheduler(DiffusionConfig.from_preset(cfg))
     for k, style in enumerate(sites):
         for s in sites:
             images = sample_images(generator, sampler, maps[s], domain_index=k, seed=args.seed)

@@ -8,23 +8,15 @@ two sides cannot disagree on the architecture.
 Keys of a preset:
     data:   passed to :func:`medflare.data.load_site` (``kind`` picks the dataset family; see there).
     model:  ``{"name": ..., "args": {...}}`` passed to :func:`medflare.nets.build_model`.
-    train:  local training: ``epochs`` (local epochs per round), ``batch_size``, ``lr``,
-            ``optimizer`` ("adam" | "sgd"), ``loss`` ("dice" | "dicece" | "ce"), ``max_steps``
-            (cap on local steps per round, 0 = no cap), and (defaults in :data:`DEFAULTS`, every preset
-            has them) ``num_workers`` (data-loader worker processes; a site's ``compute.workers`` wins),
-            ``gpu_batch_size`` (the batch size when the site trains on a GPU; 0 = ``batch_size``), ``amp``
-            ("off" | "bf16" | "fp16": mixed-precision training, :func:`medflare.common.training.train_epochs`), and
-            a round's local work on small sites (issue 31; defaults in :data:`SMALL_SITE_DEFAULTS`, chosen from
-            benchmarks/RESULTS_small_sites.md): ``min_steps`` (a round trains at least this many optimiser steps AND at
-            least ``epochs`` epochs, the loader cycling until both hold, still capped by ``max_steps`` when > 0),
-            ``max_batch_fraction`` (in (0, 1]: a batch never holds more than this share of the site's training cases,
-            at least 1; applied when the site's data is loaded and named in its start-up line) and ``warn_steps`` (a
-            site logs one warning line for a round of fewer steps, e.g. cut by ``max_steps`` or an abort). Every
-            algorithm's local supervised training reads them through :func:`medflare.common.training.local_work`.
-    eval:   ``metrics`` reported each round (names from :mod:`medflare.metrics`), ``key_metric``, and
-            (defaults in :data:`DEFAULTS`) ``batch_size`` (cases per forward pass in validation; 0 =
-            ``train.batch_size``; it changes no score) and ``costly_every`` (rounds between the costly metrics
-            HD95, VI, AJI, object Dice during training; 0 = last round only; always in ``medflare evaluate``).
+    train:  local supervised training, every algorithm's (:class:`TrainSettings`: each key, its default and check).
+    eval:   scoring during a job (:class:`EvalSettings`).
+    fedprox, fedsm, fedvck, fediod, fedst, diffusion: an algorithm's own settings (its ``config.py``), present only in
+            the presets that set them; a preset without one runs with the section's defaults.
+
+``train``, ``eval`` and the algorithms' sections are typed settings sections (:mod:`medflare.settings`, registered in
+:data:`medflare.settings.SECTIONS` by name, not imported here): :func:`get_preset` checks every section a preset holds,
+and overrides may set any documented key of one, listed by the preset or not. ``data`` and ``model`` keep their own
+rule (their keys depend on the data kind and the network): overrides set only the keys the preset lists.
 
 Batch size per device: ``train.batch_size`` is the CPU (and default) setting; a preset that trains
 differently on a GPU says so in ``train.gpu_batch_size``. The paper presets keep the paper's batch size
@@ -38,6 +30,7 @@ from typing import Any, Mapping, Sequence
 
 from medflare import ConfigError
 from medflare.data.limits import LIMIT_DEFAULTS
+from medflare.settings import POSITIVE, SECTIONS, Int, Items, Number, OneOf, Section, Text, section, setting, validate
 
 #: a round's local work on small sites (issue 31), chosen from benchmarks/RESULTS_small_sites.md (FedAvg, 6 sites of
 #: 57-152 training images, Dirichlet(0.5), 10 rounds, balanced test accuracy; centralised 0.980, 0.998 at these
@@ -134,65 +127,106 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "eval": {"batch_size": 0, "costly_every": 5},
 }
 
+LOSSES = ("dice", "dicece", "dicefocal", "ce")
+OPTIMIZERS = ("adam", "sgd")
+AMP_MODES = ("off", "bf16", "fp16")
 
-#: sections owned by one algorithm whose keys the algorithm's own config checks when a job reads them (defaults for
-#: keys a preset leaves out, unknown keys refused naming the key: ``medflare.fedvck.config.FedVCKConfig.from_preset``).
-#: A preset lists only the keys it sets, and overrides may set any key in them. The names are plain data: the presets
-#: sit below the algorithms and import none of them (docs/design.md "Layers").
-ALGORITHM_SECTIONS = ("fedvck",)
+
+@section("train")
+class TrainSettings(Section):
+    """Local supervised training, read by every algorithm (:func:`medflare.common.training.local_work`).
+
+    Keys (required: every preset names them; the others default as in :data:`DEFAULTS`):
+        epochs: local epochs per round, >= 1. Required.
+        batch_size: cases per step, >= 1: the CPU (and default) setting. Required.
+        lr: learning rate, > 0 (0 trained nothing and ended rc 0; a negative one failed inside torch). Required.
+        optimizer: "adam" | "sgd" (SGD with momentum 0.9). Required.
+        loss: "dice" | "dicece" | "dicefocal" | "ce" (classification). Required.
+        max_steps: cap on local steps per round, 0 = no cap. Required.
+        num_workers: data-loader worker processes (a site's ``compute.workers`` wins). Default 0.
+        gpu_batch_size: the batch size when the site trains on a GPU, 0 = ``batch_size``. Default 0.
+        amp: "off" | "bf16" | "fp16" mixed-precision training (:func:`medflare.common.training.train_epochs`). Default "off".
+        min_steps, max_batch_fraction, warn_steps: a round's local work on small sites (issue 31; defaults in
+            :data:`SMALL_SITE_DEFAULTS`, chosen from benchmarks/RESULTS_small_sites.md): a round trains at least
+            ``min_steps`` optimiser steps AND at least ``epochs`` epochs, the loader cycling until both hold, still
+            capped by ``max_steps`` when > 0 (default 25); a batch never holds more than ``max_batch_fraction``, in
+            (0, 1], of the site's training cases, at least 1, applied when the site's data is loaded and named in its
+            start-up line (default 0.1); a site logs one warning line for a round of fewer than ``warn_steps`` steps,
+            e.g. cut by ``max_steps`` or an abort (default 10).
+    """
+
+    epochs: int = setting(rule=Int(1))
+    batch_size: int = setting(rule=Int(1))
+    lr: float = setting(rule=POSITIVE)
+    optimizer: str = setting(rule=OneOf(OPTIMIZERS))
+    loss: str = setting(rule=OneOf(LOSSES))
+    max_steps: int = setting(rule=Int(0))
+    num_workers: int = setting(DEFAULTS["train"]["num_workers"], Int(0))
+    gpu_batch_size: int = setting(DEFAULTS["train"]["gpu_batch_size"], Int(0))
+    amp: str = setting(DEFAULTS["train"]["amp"], OneOf(AMP_MODES))
+    min_steps: int = setting(SMALL_SITE_DEFAULTS["min_steps"], Int(0))
+    max_batch_fraction: float = setting(SMALL_SITE_DEFAULTS["max_batch_fraction"], Number(0.0, 1.0, low_open=True))
+    warn_steps: int = setting(SMALL_SITE_DEFAULTS["warn_steps"], Int(0))
+
+
+@section("eval")
+class EvalSettings(Section):
+    """Scoring during a job.
+
+    Keys:
+        metrics: names from :mod:`medflare.metrics` reported each round. Required.
+        key_metric: the metric that picks the best model. Required.
+        batch_size: cases per forward pass in validation, 0 = ``train.batch_size`` (it changes no score). Default 0.
+        costly_every: rounds between the costly metrics HD95, VI, AJI, object Dice during training, 0 = last round only
+            (always in ``medflare evaluate``). Default 5.
+    """
+
+    metrics: list = setting(rule=Items(Text(empty=False), min_items=1))
+    key_metric: str = setting(rule=Text(empty=False))
+    batch_size: int = setting(DEFAULTS["eval"]["batch_size"], Int(0))
+    costly_every: int = setting(DEFAULTS["eval"]["costly_every"], Int(0))
 
 
 def _merge(base: dict, overrides: Mapping, where: str) -> dict:
+    """``overrides`` merged into ``base`` in place (nested dicts key by key; ``args`` and lists replaced whole).
+
+    A registered settings section (:data:`medflare.settings.SECTIONS`) takes any key: its class refuses an unknown one
+    with the list of valid keys, and a preset need not hold the section to have it overridden. Elsewhere (``data``,
+    ``model``, whose keys depend on the data kind and the network) only the keys the preset lists are accepted.
+    """
     for key, value in overrides.items():
-        if key not in base and where.rstrip(".") not in ALGORITHM_SECTIONS:
-            raise ConfigError(f"unknown config key '{where}{key}' (known: {sorted(base)})")
-        if key in base and isinstance(base[key], dict) and isinstance(value, Mapping) and key != "args":
-            _merge(base[key], value, f"{where}{key}.")
+        path = f"{where}{key}"
+        open_section = where.split(".")[0] in SECTIONS
+        if not where and key in SECTIONS:
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"overrides of section '{key}' must be a dict of its keys, got {value!r}")
+            base[key] = _merge(copy.deepcopy(dict(base.get(key) or {})), value, f"{path}.")
+            continue
+        if key not in base and not open_section:
+            known = sorted(set(base) | (set(SECTIONS) if not where else set()))
+            raise ConfigError(f"unknown config key '{path}' (known: {known})")
+        if isinstance(base.get(key), dict) and isinstance(value, Mapping) and key != "args":
+            _merge(base[key], value, f"{path}.")
         else:
             base[key] = copy.deepcopy(value)
     return base
 
 
-#: the numeric settings of the ``train`` / ``eval`` sections every job reads, by the smallest value that makes sense
-#: (``None``: a number > 0). Checked by :func:`get_preset`, so a bad value stops a job at start with the key named
-#: instead of training nothing (``lr`` 0, rc 0) or failing later inside torch (``lr`` -0.01, ``batch_size`` 0).
-SETTING_LOWER_BOUNDS: dict[str, int | None] = {
-    "train.epochs": 1, "train.batch_size": 1, "train.lr": None, "train.max_steps": 0, "train.num_workers": 0,
-    "train.gpu_batch_size": 0, "train.min_steps": 0, "train.warn_steps": 0, "eval.batch_size": 0, "eval.costly_every": 0,
-}
-#: settings that are a share in (0, 1], checked by :func:`check_settings` too
-SETTING_FRACTIONS = ("train.max_batch_fraction",)
-
-
-def check_settings(cfg: Mapping[str, Any], owner: str) -> None:
-    """The :data:`SETTING_LOWER_BOUNDS` keys that ``cfg`` (a merged preset) has, each in range; ConfigError names the key."""
-    from medflare.checks import check_fraction, check_int, check_positive_number
-
-    for key, low in SETTING_LOWER_BOUNDS.items():
-        section, name = key.split(".")
-        if name not in (cfg.get(section) or {}):
-            continue
-        value = cfg[section][name]
-        if low is None:
-            check_positive_number(owner, key, value)
-        else:
-            check_int(owner, key, value, low)
-    for key in SETTING_FRACTIONS:
-        section, name = key.split(".")
-        if name in (cfg.get(section) or {}):
-            check_fraction(owner, key, cfg[section][name])
-
-
 def get_preset(name: str, overrides: Mapping | None = None) -> dict[str, Any]:
     """Return a deep copy of preset ``name`` with ``overrides`` merged in (nested dicts merge key by key).
 
-    Raises MedflareError naming the preset or the key when either is unknown, or when a training setting is out of
-    range (:func:`check_settings`); ``model.args`` is replaced as a whole because its keys depend on the network.
+    Every settings section the result holds (``train``, ``eval`` and the algorithms': :data:`medflare.settings.SECTIONS`)
+    is validated here, so a bad value stops a job at start with the key named (``lr`` 0 trained nothing, ``lr`` -0.01
+    failed inside torch); overrides may set any documented key of a section, and an unknown one is a ConfigError naming
+    the section and its valid keys. ``model.args`` is replaced as a whole because its keys depend on the network.
     """
     if name not in PRESETS:
         raise ConfigError(f"unknown preset '{name}' (known: {sorted(PRESETS)})")
-    cfg = _merge(_with_defaults(PRESETS[name]), overrides or {}, "")
-    check_settings(cfg, f"preset '{name}'")
+    try:
+        cfg = _merge(_with_defaults(PRESETS[name]), overrides or {}, "")
+        validate(cfg)
+    except ConfigError as err:
+        raise ConfigError(f"preset '{name}': {err}") from None
     return cfg
 
 
@@ -227,9 +261,9 @@ def overrides_from_assignments(assignments: Sequence[str]) -> dict[str, Any]:
 def _with_defaults(preset: Mapping[str, Any]) -> dict[str, Any]:
     """A deep copy of ``preset`` with the :data:`DEFAULTS` keys it does not set."""
     out = copy.deepcopy(dict(preset))
-    for section, keys in DEFAULTS.items():
-        if isinstance(out.get(section), dict):
-            out[section] = {**copy.deepcopy(keys), **out[section]}
+    for name, keys in DEFAULTS.items():
+        if isinstance(out.get(name), dict):
+            out[name] = {**copy.deepcopy(keys), **out[name]}
     return out
 
 
@@ -325,14 +359,20 @@ PRESETS["seg_images_2d"] = {
 # everywhere (eval.batch_size); on a 2-core CPU batch 1 and batch 8 inference cost the same per case.
 PRESETS["seg_paper"]["eval"]["batch_size"] = 8
 
+def _with_section(name: str):
+    """A builder ``(base, overrides, values)`` of presets derived from ``base`` with section ``name`` set to ``values``."""
+
+    def build(base: str, overrides: Mapping, values: Mapping) -> dict[str, Any]:
+        return _derive(base, {**overrides, name: values})
+
+    return build
+
+
 # ---- FedVCK presets ----
 # The ``fedvck`` section is read by medflare.fedvck.config.FedVCKConfig (every key documented there and in
-# jobs/fedvck/README.md; its defaults fill the keys a preset leaves out); it is one of ALGORITHM_SECTIONS, so
-# overrides can set any of its keys. ``train`` is unused by FedVCK and kept so that the baselines run on the same preset.
-def _with_fedvck(base: str, overrides: Mapping, fedvck: Mapping) -> dict[str, Any]:
-    preset = _derive(base, overrides)
-    preset["fedvck"] = copy.deepcopy(dict(fedvck))
-    return preset
+# jobs/fedvck/README.md; its defaults fill the keys a preset leaves out; overrides may set any of its keys, as of every
+# registered section). ``train`` is unused by FedVCK and kept so that the baselines run on the same preset.
+_with_fedvck = _with_section("fedvck")
 
 
 # Default job on the 2-core CPU: the 10 embedded classification sites, a width-32 ConvNet (as FedAvg is run on it).
@@ -363,10 +403,7 @@ PRESETS["fedvck_synthetic_paper"] = _with_fedvck("cls_synthetic", _PAPER_MODEL, 
 # Keys besides data/model/train/eval: "fediod" (distillation settings, see medflare.fediod.config). "model" is the
 # student and every site's default teacher (a site may choose its own teacher in local/medflare_site.json);
 # "train" is stage 1 (each site's teacher, trained to completion).
-def _fediod(base: str, overrides: Mapping, fediod: Mapping) -> dict[str, Any]:
-    preset = _derive(base, overrides)
-    preset["fediod"] = copy.deepcopy(dict(fediod))
-    return preset
+_fediod = _with_section("fediod")
 
 
 # CPU-scale distillation (measured, benchmarks/RESULTS_fediod.md): L_mimic as tau^2 KL at tau = 1 (Table 6's tau = 1
@@ -443,11 +480,11 @@ PRESETS["fediod_seg_paper"] = _fediod(
 # ---- FedST presets ----
 # Segmentation as seg_synthetic, trained with focal + Dice (the paper's L_LDS / L_CDS) and scored with Table 1's
 # metrics (VI, Dice, MPA); a "diffusion" section configures the label-conditioned generator (keys documented in
-# medflare.fedst.diffusion) and "fedst" the recipe defaults. Sizes are picked for a 2-core CPU; a GPU is used
-# when present.
+# medflare.fedst.config.DiffusionConfig) and "fedst" the workflow's (segmentation rounds; medflare.fedst.config.FedSTConfig).
+# Sizes are picked for a 2-core CPU; a GPU is used when present.
 def _fedst(base: str, overrides: Mapping, diffusion: Mapping, rounds: int) -> dict[str, Any]:
-    preset = _merge(_derive(base, {"train": {"loss": "dicefocal"}, "eval": {"metrics": ["dice", "vi", "mpa"], "key_metric": "dice"}}), overrides, "")
-    return {**preset, "diffusion": dict(diffusion), "fedst": {"rounds": rounds}}
+    preset = _derive(base, {"train": {"loss": "dicefocal"}, "eval": {"metrics": ["dice", "vi", "mpa"], "key_metric": "dice"}})
+    return _merge(preset, {**overrides, "diffusion": diffusion, "fedst": {"rounds": rounds}}, "")
 
 
 # Laptop default: 64x64 sites, a 4-level generator (8..32 channels, 0.26M parameters), rectified flow with 20 Euler
@@ -492,6 +529,6 @@ PRESETS["fedst_paper"] = _fedst(
 )
 # CPU benchmark on a shared 2-core machine (benchmarks/fedst_benchmark.py): fedst_tiny's networks at 32x32 on all cases
 # of every site (scale 1.0), 8 rounds.
-PRESETS["fedst_small"] = {**_derive("fedst_tiny", {"data": {"scale": 1.0}, "train": {"epochs": 2, "batch_size": 8, "lr": 3e-3},
-                                                   "diffusion": {"warmup_steps": 400, "steps_per_round": 100, "warmup_rounds": 3}}),
-                          "fedst": {"rounds": 8}}
+PRESETS["fedst_small"] = _derive("fedst_tiny", {"data": {"scale": 1.0}, "train": {"epochs": 2, "batch_size": 8, "lr": 3e-3},
+                                               "diffusion": {"warmup_steps": 400, "steps_per_round": 100, "warmup_rounds": 3},
+                                               "fedst": {"rounds": 8}})

@@ -85,7 +85,8 @@ def test_student_beats_every_teacher_with_two_architectures(cls_run, teachers_di
     val = dict(run.scalars()["simulator_server"]["student/val_accuracy"])
     assert val[max(val)] > val[min(val)], f"the student did not learn: validation accuracy per round {val}"
     # stage 2 ran: the saved student and generator both moved away from the persistor's initial networks (same seed)
-    initial, saved = server_networks(get_preset(PRESET), seed=0), load_result(run.app_server / STUDENT_FILE)
+    cfg = get_preset(PRESET)
+    initial, saved = server_networks(cfg, FedIODConfig.from_preset(cfg), seed=0), load_result(run.app_server / STUDENT_FILE)
     for part in ("student", "generator"):
         before, after = getattr(initial, part).state_dict(), getattr(saved, part).state_dict()
         moved = [k for k, v in before.items() if v.is_floating_point() and not torch.allclose(v, after[k].float())]
@@ -128,8 +129,8 @@ def test_federated_gradient_equals_single_process(cls_run, teachers_dir):
         site = path.name.split("_")[0]
         data = load_site(site, cfg["data"])
         teacher = load_teacher(path, load_result(path).description["model"], data.num_classes)
-        sites[site] = site_distiller(cfg, site, teacher, data.train, None, seed=0)
-    nets = server_networks(cfg, seed=0)
+        sites[site] = site_distiller(cfg, fcfg, site, teacher, data.train, None, seed=0)
+    nets = server_networks(cfg, fcfg, seed=0)
     dist = Distiller(nets.generator, nets.student, fcfg, "classification", 10, total_steps=steps_total(CLS_ROUNDS, fcfg), seed=0)
     train = {s: load_site(s, cfg["data"]).train for s in sites}  # the sites' stage-1 statistics, recomputed
     dist.set_sites({s: SiteInfo(label_counts(train[s], "classification", 10), len(train[s])) for s in sites})

@@ -139,7 +139,7 @@ def _head_on_test_cases(sm):
 def test_fedsm_extra_learns_under_the_sites_strict_scope_with_their_own_statistics_noise(repo, tmp_path):
     rounds, extra_rounds = 4, 10
     local = {"privacy.json": _privacy(repo), "medflare_site.json": {"privacy": {"fedsm_stats_noise": 0.1}}}
-    run = _run(repo, tmp_path, "strict", rounds, workflow_args={"extra_rounds": extra_rounds}, local_files=local, scope="strict")
+    run = _run(repo, tmp_path, "strict", rounds, overrides={"fedsm": {"extra_rounds": extra_rounds}}, local_files=local, scope="strict")
     # FLARE applied the site's scope to every reply: the filter saw the weight updates and the head steps, not the statistics
     main, extra = f"result filters {{'{P.WEIGHTS_PART}': ['PercentilePrivacy']}}", f"result filters {{'{P.HEAD_PART}': ['PercentilePrivacy']}}"
     assert run.log.count(main) == rounds * len(CLIENTS) and run.log.count(extra) == extra_rounds * len(CLIENTS), run.log[-4000:]
@@ -162,7 +162,7 @@ def test_fedsm_extra_learns_under_the_sites_strict_scope_with_their_own_statisti
 
 
 def test_fedsm_under_the_no_weights_scope_ends_with_a_privacy_error_naming_the_scope(repo, tmp_path):
-    run = _run(repo, tmp_path, "no_weights", 2, workflow_args={"extra_rounds": 1}, local_files={"privacy.json": _privacy(repo)},
+    run = _run(repo, tmp_path, "no_weights", 2, overrides={"fedsm": {"extra_rounds": 1}}, local_files={"privacy.json": _privacy(repo)},
                scope="no_weights", expect_ok=False)
     assert "DXO kind DataKind.WEIGHT_DIFF is blocked" in run.log  # the site's DXOBlocker refused the reply
     assert ("PrivacyError: round 0 task 'train': the privacy scope 'no_weights' (the job's meta.json) of "

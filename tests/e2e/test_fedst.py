@@ -20,6 +20,7 @@ import torch
 from medflare.cli import main as medflare_main
 from medflare.common.training import make_loader, make_loss, make_optimizer, train_epochs
 from medflare.data import load_site
+from medflare.fedst.config import DiffusionConfig
 from medflare.fedst.diffusion import exchange_steps
 from medflare.fedst.executor import CACHE_FOLDER
 from medflare.fedst.persistor import BEST_FILE_OF, FILE_OF
@@ -63,7 +64,7 @@ def separate_run(repo, tmp_path_factory):
 def real_only_run(repo, tmp_path_factory):
     """FedST-separate with lambda 0 (Eq. 3 without L_CDS: FedAvg on the real images only), otherwise as ``separate_run``:
     same preset, sites, seed and rounds."""
-    return _run(repo, tmp_path_factory.mktemp("fedst_lambda0"), "separate", rounds=ROUNDS, workflow_args={"cds_lambda": 0.0})
+    return _run(repo, tmp_path_factory.mktemp("fedst_lambda0"), "separate", rounds=ROUNDS, overrides={"fedst": {"cds_lambda": 0.0}})
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +200,7 @@ def test_fedst_join_with_percentile_privacy_on_the_generator_diffs(join_run, tmp
     _check_style_transfer(run)
     # the generator's diffs passed the site's result filter like the segmentation diffs (FLARE's PercentilePrivacy)
     warmup = get_preset(PRESET)["diffusion"]["warmup_rounds"]
-    exchanges = len(exchange_steps(get_preset(PRESET)["diffusion"])) * (warmup + ROUNDS)  # diffusion.sync_steps splits a round
+    exchanges = len(exchange_steps(DiffusionConfig.from_preset(get_preset(PRESET)))) * (warmup + ROUNDS)  # diffusion.sync_steps splits a round
     assert exchanges > warmup + ROUNDS
     assert run.log.count("train_generator: site-1 sent") == exchanges
     assert run.log.count("result filters ['PercentilePrivacy']") >= len(CLIENTS) * (exchanges + ROUNDS)

@@ -8,6 +8,7 @@ import torch
 from medflare import ConfigError, ResultFileError
 from medflare.cli import main as medflare_main
 from medflare.common.results import load_result
+from medflare.fediod.config import FedIODConfig
 from medflare.fediod.networks import server_networks
 from medflare.fediod.persistor import describe_student
 from medflare.fediod.teacher import checkpoint_file, load_teacher, save_teacher, teacher_settings
@@ -16,7 +17,8 @@ from medflare.presets import get_preset
 
 
 def _save_student(path, preset):
-    nets = server_networks(get_preset(preset), seed=1)
+    cfg = get_preset(preset)
+    nets = server_networks(cfg, FedIODConfig.from_preset(cfg), seed=1)
     meta = {"fediod_round": 2, "fediod_sites": ["a", "b"], "fediod_privacy": {"a": {"epsilon": 3.5, "delta": 1e-5}},
             "fediod_stopped": {"a": "epsilon budget 3.5 reached"}}
     torch.save({"model": nets.state_dict(), "train_conf": {"medflare": describe_student(preset, None)}, "meta_props": meta}, path)

@@ -161,7 +161,7 @@ def test_selector_stem_copies_the_global_encoder_and_types_sites():
     sel.set_site(1, density.site_gaussian(feats[:30], feats[30:], sel.shrinkage))
     typ = sel(x)
     assert typ.shape == (3, 3) and torch.count_nonzero(typ[:, [0, 2]]) == 0 and (typ[:, 1] > 0).all()
-    with pytest.raises(ConfigError, match="unknown keys"):
+    with pytest.raises(ConfigError, match=r"fedsm\.selector\.width.*valid keys: levels, shrinkage"):
         selector_spec(MODEL, ["a"], False, {"width": 3})
     with pytest.raises(ConfigError, match="unknown selector name 'vgg11_selector'"):
         build_selector({"name": "vgg11_selector", "args": {}})

@@ -17,7 +17,8 @@ from medflare.fedst import comm
 from medflare.fedst import protocol as P
 from medflare.fedst.conditioning import check_domain_vectors, domain_vectors, encode_labels, participation_mean
 from medflare.fedst.controller import FedSTSeparateController
-from medflare.fedst.diffusion import (build_style_generator, cycle, diffusion_config, exchange_steps, generator_args, generator_optimizer,
+from medflare.fedst.config import DiffusionConfig
+from medflare.fedst.diffusion import (build_style_generator, cycle, exchange_steps, generator_args, generator_optimizer,
                                       sample_images, sampling_scheduler, simple_loss, train_generator, training_scheduler)
 from medflare.fedst.losses import CrossDomainTerm, segmentation_loss
 from medflare.fedst.persistor import fedst_description, fedst_generator_args
@@ -31,7 +32,7 @@ TINY = {"channels": [8, 16], "num_res_blocks": 1, "attention_levels": [False, Fa
 
 def _generator(num_domains=0, num_classes=3, seed=0, perturb=True):
     torch.manual_seed(seed)
-    gen = build_style_generator(generator_args({"generator": TINY}, 1, num_classes, num_domains))
+    gen = build_style_generator(generator_args(DiffusionConfig.from_dict({"generator": TINY}), 1, num_classes, num_domains))
     if perturb:  # MONAI zero-initialises the last conv of every block: an untrained UNet outputs 0 whatever the input
         with torch.no_grad():
             for p in gen.parameters():
@@ -122,7 +123,7 @@ def test_only_the_own_domain_column_of_the_domain_module_learns_at_a_site():
     before = state_to_numpy(gen)
     lab = _labels(4)
     data = [{"image": torch.rand(1, 8, 8), "label": lab[i]} for i in range(4)]
-    cfg = diffusion_config({"generator": TINY, "scheduler": "rflow"})
+    cfg = DiffusionConfig.from_dict({"generator": TINY, "scheduler": "rflow"})
     train_generator(gen, training_scheduler(cfg), torch.optim.Adam(gen.parameters(), lr=1e-2),
                     cycle(lambda e: make_loader(data, 2, True, seed=e)), 3, domain_index=1)
     after = state_to_numpy(gen)
@@ -133,7 +134,7 @@ def test_only_the_own_domain_column_of_the_domain_module_learns_at_a_site():
 
 
 def test_generator_optimizer_gives_the_domain_module_its_own_rate():
-    cfg = {"generator": TINY, "lr": 1e-3, "domain_lr": 5e-2}
+    cfg = DiffusionConfig.from_dict({"generator": TINY, "lr": 1e-3, "domain_lr": 5e-2})
     joint, plain = _generator(num_domains=2, perturb=False), _generator(perturb=False)
     groups = generator_optimizer(joint, cfg).param_groups
     assert [g["lr"] for g in groups] == [1e-3, 5e-2]
@@ -141,7 +142,7 @@ def test_generator_optimizer_gives_the_domain_module_its_own_rate():
     assert sum(len(g["params"]) for g in groups) == len(list(joint.parameters()))
     assert [g["lr"] for g in generator_optimizer(plain, cfg).param_groups] == [1e-3]  # FedST-separate: no domain module
     with pytest.raises(ConfigError, match="domain_lr"):
-        diffusion_config({"domain_lr": 0})
+        DiffusionConfig.from_dict({"domain_lr": 0})
 
 
 # ---- Eq. 2 ----------------------------------------------------------------------------------------
@@ -176,13 +177,13 @@ def test_simple_loss_against_a_hand_computed_case():
 
 
 def test_generator_training_lowers_l_simple_and_sampling_is_seeded():
-    cfg = diffusion_config({"generator": TINY, "scheduler": "rflow", "sample_steps": 4, "lr": 3e-3})
+    cfg = DiffusionConfig.from_dict({"generator": TINY, "scheduler": "rflow", "sample_steps": 4, "lr": 3e-3})
     torch.manual_seed(0)
     gen = build_style_generator(generator_args(cfg, 1, 3))
     lab = _labels(16)
     images = torch.where(lab == 1, 0.8, torch.where(lab == 2, 0.2, 0.5)).float()
     data = [{"image": images[i], "label": lab[i]} for i in range(16)]
-    losses = train_generator(gen, training_scheduler(cfg), torch.optim.Adam(gen.parameters(), lr=cfg["lr"]),
+    losses = train_generator(gen, training_scheduler(cfg), torch.optim.Adam(gen.parameters(), lr=cfg.lr),
                              cycle(lambda e: make_loader(data, 8, True, seed=e)), 60)
     assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])
     a = sample_images(gen, sampling_scheduler(cfg), lab[:2], seed=3)
@@ -194,20 +195,20 @@ def test_generator_training_lowers_l_simple_and_sampling_is_seeded():
 
 def test_diffusion_config_names_bad_keys():
     with pytest.raises(ConfigError, match="'diffusion.scheduler'"):
-        diffusion_config({"scheduler": "euler"})
+        DiffusionConfig.from_dict({"scheduler": "euler"})
     with pytest.raises(ConfigError, match="unknown key"):
-        diffusion_config({"steps": 3})
+        DiffusionConfig.from_dict({"steps": 3})
     with pytest.raises(ConfigError, match="cannot exceed"):
-        diffusion_config({"train_timesteps": 10, "sample_steps": 20})
+        DiffusionConfig.from_dict({"train_timesteps": 10, "sample_steps": 20})
 
 
 def test_sync_steps_split_a_round_into_exchanges():
-    assert exchange_steps({"steps_per_round": 80, "sync_steps": 5}) == [5] * 16
-    assert exchange_steps({"steps_per_round": 12, "sync_steps": 5}) == [5, 5, 2]
-    assert exchange_steps({"steps_per_round": 80, "sync_steps": 0}) == [80]  # the paper's: one exchange per round
-    assert exchange_steps({"steps_per_round": 3, "sync_steps": 5}) == [3]
+    assert exchange_steps(DiffusionConfig.from_dict({"steps_per_round": 80, "sync_steps": 5})) == [5] * 16
+    assert exchange_steps(DiffusionConfig.from_dict({"steps_per_round": 12, "sync_steps": 5})) == [5, 5, 2]
+    assert exchange_steps(DiffusionConfig.from_dict({"steps_per_round": 80, "sync_steps": 0})) == [80]  # the paper's: one exchange per round
+    assert exchange_steps(DiffusionConfig.from_dict({"steps_per_round": 3, "sync_steps": 5})) == [3]
     with pytest.raises(ConfigError, match="'diffusion.sync_steps'"):
-        diffusion_config({"sync_steps": -1})
+        DiffusionConfig.from_dict({"sync_steps": -1})
 
 
 # ---- Eq. 3 ----------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@ that climbs a layer, crosses from one algorithm into another, or reaches the tes
 
 Layers, bottom first (a module may import its own layer's package and any layer below):
 
-    0  medflare (the errors), then medflare.checks (which imports the errors)
+    0  medflare (the errors), then medflare.checks (which imports the errors), then medflare.settings (the typed
+       settings sections, which import checks; its registry names the sections' classes as strings, imported when read)
     1  medflare.data, medflare.nets, medflare.metrics
     2  medflare.presets
     3  medflare.common
@@ -28,7 +29,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "custom" / "medflare"
 ALGORITHMS = ("baselines", "fedsm", "fedvck", "fediod", "fedst")
 LAYERS = {
-    "medflare": -1, "checks": 0,
+    "medflare": -1, "checks": 0, "settings": 0.5,
     "data": 1, "nets": 1, "metrics": 1,
     "presets": 2,
     "common": 3,

@@ -102,22 +102,6 @@ def test_zero_rounds_is_a_config_error_of_the_baseline_workflows(workflow):
         getattr(controller, workflow)(num_rounds=0)
 
 
-def test_algorithm_sections_are_checked_by_their_algorithm():
-    """The presets keep FedVCK's section as plain data (no import of the algorithm): every preset's section passes
-    FedVCKConfig, overrides may set a key the preset leaves out, and an unknown key is refused when the job reads it."""
-    from medflare import ConfigError
-    from medflare.fedvck.config import FedVCKConfig
-    from medflare.presets import PRESETS, get_preset
-
-    for name in (n for n, p in PRESETS.items() if "fedvck" in p):
-        FedVCKConfig.from_preset(get_preset(name))
-    assert FedVCKConfig.from_preset(get_preset("fedvck_synthetic_tiny", {"fedvck": {"kernel": "gaussian"}})).kernel == "gaussian"
-    with pytest.raises(ConfigError, match="fedvck.bogus"):
-        FedVCKConfig.from_preset(get_preset("fedvck_synthetic_tiny", {"fedvck": {"bogus": 1}}))
-    with pytest.raises(ConfigError, match="unknown config key 'fedvck'"):
-        get_preset("cls_synthetic", {"fedvck": {"kernel": "gaussian"}})
-
-
 def test_overrides_from_assignments_builds_nested_json_values():
     from medflare.presets import overrides_from_assignments
 

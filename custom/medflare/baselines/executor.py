@@ -12,6 +12,8 @@ from nvflare.apis.dxo import DXO, DataKind, MetaKey
 from nvflare.app_common.app_constant import AlgorithmConstants
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
+from medflare import ConfigError
+from medflare.baselines.config import FedProxConfig
 from medflare.baselines.corrections import ScaffoldState, fedprox_term
 from medflare.baselines.protocol import TASK_TRAIN, UPDATE
 from medflare.common.component import keep_args
@@ -48,6 +50,8 @@ class SupervisedExecutor(SiteExecutor):
         self.model = None
         self.optimizer = None
         self.scaffold: ScaffoldState | None = None
+        # FedProx's mu as the job's overrides set it (None: they do not); the tasks' mu must then equal it
+        self.preset_mu = FedProxConfig.from_preset(self.cfg).mu if "fedprox" in self.cfg else None
 
     def setup(self, fl_ctx: FLContext) -> None:
         train = self.cfg["train"]
@@ -70,6 +74,10 @@ class SupervisedExecutor(SiteExecutor):
         meta = incoming.meta or {}
         extra_loss = after_step = None
         mu = meta.get(AlgorithmConstants.FEDPROX_MU)
+        if self.preset_mu is not None and float(mu or 0) != self.preset_mu:
+            raise ConfigError(f"site '{self.site}': the job's overrides set fedprox.mu {self.preset_mu} but the server's "
+                              f"workflow sends fedprox_mu {mu or 0} (FLARE's FedAvg argument, which the sites apply): set the "
+                              "workflow's fedprox_mu to the same value")
         if mu:
             extra_loss = fedprox_term(self.model, float(mu))
         controls = meta.get(AlgorithmConstants.SCAFFOLD_CTRL_GLOBAL)

@@ -17,9 +17,11 @@ from typing import Any, Mapping
 
 from nvflare.app_common.widgets.intime_model_selector import IntimeModelSelector
 
+from medflare import ConfigError
 from medflare.baselines import protocol as P
-from medflare.baselines.executor import SupervisedExecutor
+from medflare.baselines.config import FedProxConfig
 from medflare.baselines.controller import ResilientFedAvg, ResilientScaffold
+from medflare.baselines.executor import SupervisedExecutor
 from medflare.common.persistence import PresetModelPersistor
 from medflare.common.recipe import TASK_CHECK_PERIOD, JobRecipe
 from medflare.presets import get_preset
@@ -44,6 +46,8 @@ class _BaselineRecipe(JobRecipe):
         **workflow_args: Any,
     ):
         cfg = get_preset(preset, overrides)
+        if "fedprox" in cfg and "fedprox_mu" not in workflow_args:
+            raise ConfigError(f"job '{self.job_name}': the overrides set the 'fedprox' section, FedProx's; run the fedprox job")
         key_metric = cfg["eval"]["key_metric"]
         # A site whose result failed (its own error, or refused by the server's update guard) is left out of the
         # round's weighted average instead of ending the job (FedAvg asks every sampled site, so FLARE's default
@@ -81,12 +85,14 @@ class FedAvgRecipe(_BaselineRecipe):
 
 class FedProxRecipe(_BaselineRecipe):
     """FedProx (Li et al. 2020): FLARE's ``FedAvg`` with ``fedprox_mu`` (the sites add FLARE's PTFedProxLoss).
-    Args: those of :class:`FedAvgRecipe` and ``fedprox_mu`` (default 0.01)."""
+    Args: those of :class:`FedAvgRecipe`; mu is the preset's ``fedprox.mu`` (default 0.01,
+    :class:`~medflare.baselines.config.FedProxConfig`), set through ``overrides``."""
 
     job_name = "fedprox"
 
-    def __init__(self, *args: Any, fedprox_mu: float = 0.01, **kwargs: Any):
-        super().__init__(*args, fedprox_mu=fedprox_mu, **kwargs)
+    def __init__(self, preset: str = "seg_synthetic", overrides: Mapping[str, Any] | None = None, **kwargs: Any):
+        mu = FedProxConfig.from_preset(get_preset(preset, overrides)).mu
+        super().__init__(preset, overrides, fedprox_mu=mu, **kwargs)
 
 
 class ScaffoldRecipe(_BaselineRecipe):

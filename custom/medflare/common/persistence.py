@@ -29,7 +29,7 @@ class PresetModelPersistor(PTFileModelPersistor):
     """``PTFileModelPersistor`` whose initial model is the preset's network.
 
     Args:
-        preset: preset name (must match the clients'). Default "seg_synthetic".
+        preset: preset name (must match the clients'; checked at START_RUN, medflare.common.preset_check). Default "seg_synthetic".
         overrides: overrides merged into the preset (must match the clients'). Default none.
         seed: initialisation seed of the global model. Default 0.
         **kwargs: passed to PTFileModelPersistor (global_model_file_name, best_global_model_file_name, ...).

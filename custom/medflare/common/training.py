@@ -16,11 +16,11 @@ from torch.utils.data import DataLoader
 
 from medflare import ConfigError, MedflareError
 from medflare.data.loaders import make_loader  # noqa: F401 - the data layer's; the executors, benchmarks and tests import it here
+from medflare.presets import AMP_MODES, LOSSES, OPTIMIZERS  # the train section's choices, declared once
 
-LOSSES = ("dice", "dicece", "dicefocal", "ce")
-OPTIMIZERS = ("adam", "sgd")
-#: mixed-precision modes of :func:`train_epochs` (preset key ``train.amp``) -> autocast dtype
+#: mixed-precision modes of :func:`train_epochs` (preset key ``train.amp``, :data:`medflare.presets.AMP_MODES`) -> autocast dtype
 AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+assert tuple(AMP_DTYPES) == AMP_MODES
 
 
 def make_loss(name: str, task: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

@@ -1,5 +1,8 @@
 """The ``fediod`` section of a preset: every distillation knob, checked once, read by the server and the sites alike.
 
+Overrides set any key (``{"fediod": {"ensemble": "mean"}}``, ``medflare run fediod --set fediod.ensemble=mean``); the
+defaults below fill the keys a preset leaves out.
+
     "fediod": {
       "generator": {"name": "latent_generator", "args": {"latent_dim": 100, "width": 64}},
       "discriminator": {"name": "patch_critic", "args": {"width": 32, "layers": 2}},
@@ -26,68 +29,41 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
-
-from medflare import ConfigError
+from medflare.settings import NON_NEGATIVE, POSITIVE, Bool, Int, NetSpec, OneOf, Section, Text, section, setting
 
 ENSEMBLES = ("eq8", "labels", "mean")
 GAN_WEIGHTINGS = ("data_size", "uniform")
 
 
-@dataclass(frozen=True)
-class FedIODConfig:
-    """Distillation settings (see the module docstring for each key's meaning and default)."""
+@section("fediod")
+class FedIODConfig(Section):
+    """Distillation settings; each key's meaning in the module docstring. Defaults: generator
+    ``latent_generator`` (latent_dim 100, width 64), discriminator ``patch_critic`` (width 32, 2 layers), batch_size 64,
+    steps_per_window 8, windows_per_round 4, tau 1, mimic_tau 0, lambda_conf / lambda_unique / lambda_mimic / lambda_gan 1,
+    lambda_balance 0, lambda_bn 0, ensemble "eq8", gan_weighting "data_size", student_steps 1, replay_size 0,
+    lr_generator / lr_student / lr_discriminator 1e-3, cosine true, label_source "auxiliary-labels", image_size 0."""
 
-    generator: dict = field(default_factory=lambda: {"name": "latent_generator", "args": {"latent_dim": 100, "width": 64}})
-    discriminator: dict = field(default_factory=lambda: {"name": "patch_critic", "args": {"width": 32, "layers": 2}})
-    batch_size: int = 64
-    steps_per_window: int = 8
-    windows_per_round: int = 4
-    tau: float = 1.0
-    mimic_tau: float = 0.0
-    lambda_conf: float = 1.0
-    lambda_unique: float = 1.0
-    lambda_mimic: float = 1.0
-    lambda_gan: float = 1.0
-    lambda_balance: float = 0.0
-    lambda_bn: float = 0.0
-    ensemble: str = "eq8"
-    gan_weighting: str = "data_size"
-    student_steps: int = 1
-    replay_size: int = 0
-    lr_generator: float = 1e-3
-    lr_student: float = 1e-3
-    lr_discriminator: float = 1e-3
-    cosine: bool = True
-    label_source: str = "auxiliary-labels"
-    image_size: int = 0
-
-    @classmethod
-    def from_preset(cls, cfg: Mapping[str, Any]) -> "FedIODConfig":
-        """The preset's ``fediod`` section over the defaults; ConfigError names a bad key or value."""
-        section = dict(cfg.get("fediod") or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(section) - known)
-        if unknown:
-            raise ConfigError(f"unknown key(s) {unknown} in preset section 'fediod' (known: {sorted(known)})")
-        c = cls(**section)
-        for key in ("image_size", "replay_size"):
-            v = getattr(c, key)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ConfigError(f"preset 'fediod.{key}' must be an int >= 0, got {v!r}")
-        for key in ("batch_size", "steps_per_window", "windows_per_round", "student_steps"):
-            v = getattr(c, key)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"preset 'fediod.{key}' must be an int >= 1, got {v!r}")
-        for key in ("tau", "lr_generator", "lr_student", "lr_discriminator"):
-            if not isinstance(getattr(c, key), (int, float)) or getattr(c, key) <= 0:
-                raise ConfigError(f"preset 'fediod.{key}' must be a number > 0, got {getattr(c, key)!r}")
-        for key in ("lambda_conf", "lambda_unique", "lambda_mimic", "lambda_gan", "lambda_balance", "lambda_bn", "mimic_tau"):
-            if not isinstance(getattr(c, key), (int, float)) or getattr(c, key) < 0:
-                raise ConfigError(f"preset 'fediod.{key}' must be a number >= 0, got {getattr(c, key)!r}")
-        if c.ensemble not in ENSEMBLES:
-            raise ConfigError(f"preset 'fediod.ensemble' must be one of {list(ENSEMBLES)}, got {c.ensemble!r}")
-        if c.gan_weighting not in GAN_WEIGHTINGS:
-            raise ConfigError(f"preset 'fediod.gan_weighting' must be one of {list(GAN_WEIGHTINGS)}, got {c.gan_weighting!r}")
-        return c
+    generator: dict = setting({"name": "latent_generator", "args": {"latent_dim": 100, "width": 64}},
+                              NetSpec(("latent_generator", "label_generator")))
+    discriminator: dict = setting({"name": "patch_critic", "args": {"width": 32, "layers": 2}}, NetSpec(("patch_critic",)))
+    batch_size: int = setting(64, Int(1))
+    steps_per_window: int = setting(8, Int(1))
+    windows_per_round: int = setting(4, Int(1))
+    tau: float = setting(1.0, POSITIVE)
+    mimic_tau: float = setting(0.0, NON_NEGATIVE)
+    lambda_conf: float = setting(1.0, NON_NEGATIVE)
+    lambda_unique: float = setting(1.0, NON_NEGATIVE)
+    lambda_mimic: float = setting(1.0, NON_NEGATIVE)
+    lambda_gan: float = setting(1.0, NON_NEGATIVE)
+    lambda_balance: float = setting(0.0, NON_NEGATIVE)
+    lambda_bn: float = setting(0.0, NON_NEGATIVE)
+    ensemble: str = setting("eq8", OneOf(ENSEMBLES))
+    gan_weighting: str = setting("data_size", OneOf(GAN_WEIGHTINGS))
+    student_steps: int = setting(1, Int(1))
+    replay_size: int = setting(0, Int(0))
+    lr_generator: float = setting(1e-3, POSITIVE)
+    lr_student: float = setting(1e-3, POSITIVE)
+    lr_discriminator: float = setting(1e-3, POSITIVE)
+    cosine: bool = setting(True, Bool())
+    label_source: str = setting("auxiliary-labels", Text(empty=False))
+    image_size: int = setting(0, Int(0))

@@ -60,8 +60,9 @@ class FedIODController(SiteRounds):
     Args:
         num_rounds: distillation rounds (the paper's epochs: each is ``fediod.windows_per_round`` windows of
             ``fediod.steps_per_window`` steps). Default 10.
-        preset / overrides / seed: data, student and distillation settings (must match the sites'). Defaults
-            "fediod_cls", none, 0.
+        preset / overrides / seed: data, student and distillation settings (the ``fediod`` section,
+            :class:`medflare.fediod.config.FedIODConfig`); the same as the sites', checked at START_RUN
+            (:mod:`medflare.common.preset_check`). Defaults "fediod_cls", none, 0.
         validate_every: rounds between student validations at the sites (the final student is always scored;
             0 = only the final one). Default 1.
         num_samples: generated samples shown in TensorBoard each round. Default 16.
@@ -97,7 +98,7 @@ class FedIODController(SiteRounds):
         check_int("FedIODController", "num_samples", num_samples, 0)
         self.cfg = get_preset(preset, overrides)
         self.fcfg = FedIODConfig.from_preset(self.cfg)
-        self.task, _, _, self.num_classes = data_shape(self.cfg)
+        self.task, _, _, self.num_classes = data_shape(self.cfg, self.fcfg)
 
     # ---- set-up ------------------------------------------------------------------------------
     def _auxiliary_labels(self) -> torch.Tensor | None:
@@ -116,7 +117,7 @@ class FedIODController(SiteRounds):
     def _init(self) -> None:
         self.torch_device = pick_device(self.device)
         self.tracker = SiteTracker(self, event_type=SERVER_EVENT_TYPE)
-        self.nets = server_networks(self.cfg, self.seed)
+        self.nets = server_networks(self.cfg, self.fcfg, self.seed)
         initial = self.load_model()
         if initial is None:
             raise PayloadError("the persistor returned no initial student + generator")

@@ -66,7 +66,7 @@ class FedIODExecutor(SiteExecutor):
 
     def setup(self, fl_ctx: FLContext) -> None:
         self.privacy = PrivacySettings.from_site_config(self.site_config, self.site)
-        task, channels, size, classes = data_shape(self.cfg)
+        task, channels, size, classes = data_shape(self.cfg, self.fcfg)
         own = self.data.train[0]["image"].shape
         if self.data.task != task or self.data.num_classes != classes or own[0] != channels or own[-1] != size:
             raise DataError(f"site '{self.site}': its data ({self.data.task}, {self.data.num_classes} classes, images {tuple(own)}) do not "
@@ -100,7 +100,7 @@ class FedIODExecutor(SiteExecutor):
         metrics = {f"teacher_{k}": v for k, v in self.validate(self.teacher_model, "val").items()}
         self.log_info(fl_ctx, f"site '{self.site}': teacher on its own validation split: {format_metrics(metrics)}")
         self.tracker.scalars(fl_ctx, metrics, 0, prefix="stage1/")
-        self.distiller = site_distiller(self.cfg, self.site, self.teacher_model, self.data.train, self.privacy, self.seed, self.torch_device)
+        self.distiller = site_distiller(self.cfg, self.fcfg, self.site, self.teacher_model, self.data.train, self.privacy, self.seed, self.torch_device)
         if self.fcfg.lambda_bn and not prior_layers(self.teacher_model):
             self.log_warning(fl_ctx, f"site '{self.site}': 'fediod.lambda_bn' is set but its teacher has no BatchNorm layers with "
                                      "running statistics: its realism prior is 0")
@@ -179,7 +179,7 @@ class FedIODExecutor(SiteExecutor):
 
     def validate_student(self, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
         dxo = from_shareable(shareable)
-        student_spec, _ = server_specs(self.cfg)
+        student_spec, _ = server_specs(self.cfg, self.fcfg)
         student = build_from_spec(student_spec).to(self.torch_device)
         load_numpy_state(student, unflatten(dxo.data)["student"], who="server (student)")
         rnd = int(shareable.get_header(AppConstants.CURRENT_ROUND) or 0)

@@ -6,7 +6,8 @@ channels and classes, and :func:`medflare.nets.build_from_spec` builds them (:mo
 :class:`StudentGenerator` holds the server's student S and G in one module, so FLARE's PT persistor saves them as
 one state dict (``student.*``, ``generator.*``); :func:`server_networks` is the persistor's initial pair and
 :func:`site_discriminator` a site's D_k, seeded by (seed, site name) so a federated run and the single-process
-replay start from identical networks.
+replay start from identical networks. Each takes the resolved preset and its ``fediod`` section as the typed
+:class:`~medflare.fediod.config.FedIODConfig` the caller built once (``FedIODConfig.from_preset(cfg)``).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class StudentGenerator(nn.Module):
         self.generator = generator
 
 
-def data_shape(cfg: Mapping[str, Any]) -> tuple[str, int, int, int]:
+def data_shape(cfg: Mapping[str, Any], fcfg: FedIODConfig) -> tuple[str, int, int, int]:
     """(task, image channels, image side, classes) the server needs without seeing any data."""
     from medflare.data.site import KINDS
 
@@ -60,7 +61,6 @@ def data_shape(cfg: Mapping[str, Any]) -> tuple[str, int, int, int]:
     task = KINDS.get(data.get("kind"))
     if task is None:
         raise ConfigError(f"unknown data kind {data.get('kind')!r} in the preset")
-    fcfg = FedIODConfig.from_preset(cfg)
     size = fcfg.image_size or data.get("image_size")
     if not size:
         raise ConfigError("the preset names no image size: set 'data.image_size' or 'fediod.image_size' (the generator's output side)")
@@ -69,24 +69,23 @@ def data_shape(cfg: Mapping[str, Any]) -> tuple[str, int, int, int]:
     return task, int(data.get("channels", 1)), int(size), int(data["num_classes"])
 
 
-def server_specs(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def server_specs(cfg: Mapping[str, Any], fcfg: FedIODConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """(student spec, generator spec) with the data's arguments filled in."""
-    task, channels, size, classes = data_shape(cfg)
-    fcfg = FedIODConfig.from_preset(cfg)
+    task, channels, size, classes = data_shape(cfg, fcfg)
     student = {"name": cfg["model"]["name"], "args": {**cfg["model"].get("args", {}), **data_args(cfg["model"]["name"], channels, classes, size)}}
     return student, generator_spec(fcfg.generator, task, size, channels, classes)
 
 
-def server_networks(cfg: Mapping[str, Any], seed: int = 0) -> StudentGenerator:
+def server_networks(cfg: Mapping[str, Any], fcfg: FedIODConfig, seed: int = 0) -> StudentGenerator:
     """The initial student and generator from ``seed`` (what the persistor starts from)."""
-    student, generator = server_specs(cfg)
+    student, generator = server_specs(cfg, fcfg)
     torch.manual_seed(seed)
     return StudentGenerator(build_from_spec(student), build_from_spec(generator, role="generator"))
 
 
-def site_discriminator(cfg: Mapping[str, Any], site: str, seed: int) -> torch.nn.Module:
+def site_discriminator(cfg: Mapping[str, Any], fcfg: FedIODConfig, site: str, seed: int) -> torch.nn.Module:
     """D_k of ``site``, initialised from (seed, site name) so reruns and the single-process replay agree."""
-    task, channels, _, classes = data_shape(cfg)
-    spec = discriminator_spec(FedIODConfig.from_preset(cfg).discriminator, task, channels, classes)
+    task, channels, _, classes = data_shape(cfg, fcfg)
+    spec = discriminator_spec(fcfg.discriminator, task, channels, classes)
     torch.manual_seed(stable_seed("fediod-discriminator", seed, site) % (2**31))
     return build_from_spec(spec, role="discriminator")

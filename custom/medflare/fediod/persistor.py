@@ -15,6 +15,7 @@ from nvflare.app_opt.pt.file_model_persistor import PTFileModelPersistor
 
 from medflare.common.component import keep_args
 from medflare.common.results import describe
+from medflare.fediod.config import FedIODConfig
 from medflare.fediod.networks import data_shape, server_networks, server_specs
 from medflare.fediod.results import KIND
 from medflare.presets import get_preset
@@ -26,22 +27,24 @@ BEST_STUDENT_FILE = "best_FedIOD_student.pt"
 def describe_student(preset: str, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
     """The ``train_conf["medflare"]`` entry of a saved student + generator."""
     cfg = get_preset(preset, overrides)
-    student, generator = server_specs(cfg)
-    return describe(preset, overrides, kind=KIND, version=1, model=student, generator=generator, task=data_shape(cfg)[0])
+    fcfg = FedIODConfig.from_preset(cfg)
+    student, generator = server_specs(cfg, fcfg)
+    return describe(preset, overrides, kind=KIND, version=1, model=student, generator=generator, task=data_shape(cfg, fcfg)[0])
 
 
 class FedIODPersistor(PTFileModelPersistor):
     """``PTFileModelPersistor`` whose model is the preset's student + generator (initialised from ``seed``).
 
     Args:
-        preset / overrides / seed: as the controller's (must match). Defaults "fediod_cls", none, 0.
+        preset / overrides / seed: as the controller's (checked equal at START_RUN, medflare.common.preset_check). Defaults "fediod_cls", none, 0.
         global_model_file_name / best_global_model_file_name: file names in the server's app folder.
             Defaults "FedIOD_student.pt", "best_FedIOD_student.pt".
     """
 
     def __init__(self, preset: str = "fediod_cls", overrides: Mapping[str, Any] | None = None, seed: int = 0,
                  global_model_file_name: str = STUDENT_FILE, best_global_model_file_name: str = BEST_STUDENT_FILE):
-        super().__init__(model=server_networks(get_preset(preset, overrides), seed), global_model_file_name=global_model_file_name,
+        cfg = get_preset(preset, overrides)
+        super().__init__(model=server_networks(cfg, FedIODConfig.from_preset(cfg), seed), global_model_file_name=global_model_file_name,
                          best_global_model_file_name=best_global_model_file_name)
         keep_args(self, preset=preset, overrides=overrides or {}, seed=seed, global_model_file_name=global_model_file_name,
                   best_global_model_file_name=best_global_model_file_name)

@@ -188,12 +188,12 @@ class SiteDistiller:
         return self.last_d_loss
 
 
-def site_distiller(cfg: Mapping[str, Any], site: str, teacher: torch.nn.Module, train_set, privacy: PrivacySettings | None,
-                   seed: int, device="cpu") -> SiteDistiller:
-    """Site ``site``'s stage-2 state: its teacher, a fresh D_k, its real batches (seeded by (seed, site)), its DP."""
-    task, _, _, classes = data_shape(cfg)
-    fcfg = FedIODConfig.from_preset(cfg)
-    disc = site_discriminator(cfg, site, seed)
+def site_distiller(cfg: Mapping[str, Any], fcfg: FedIODConfig, site: str, teacher: torch.nn.Module, train_set,
+                   privacy: PrivacySettings | None, seed: int, device="cpu") -> SiteDistiller:
+    """Site ``site``'s stage-2 state: its teacher, a fresh D_k, its real batches (seeded by (seed, site)), its DP; the
+    ``fediod`` section ``fcfg`` as the caller built it once."""
+    task, _, _, classes = data_shape(cfg, fcfg)
+    disc = site_discriminator(cfg, fcfg, site, seed)
     site_seed = stable_seed("fediod-site", seed, site) % (2**31)
     return SiteDistiller(teacher, disc, real_batches(train_set, fcfg.batch_size, site_seed), fcfg, task, classes,
                          privacy=privacy, device=device, seed=site_seed)

@@ -35,8 +35,8 @@ from medflare.fedsm import protocol as P
 from medflare.fedsm.aggregate import SiteReply, SuperState, aggregate_round
 from medflare.fedsm.extra import HeadAdam
 from medflare.fedsm.persistor import SuperModelPersistor
-from medflare.fedsm.routing import DEFAULT_GAMMA
-from medflare.fedsm.selector import build_selector, check_selector_args, selector_spec
+from medflare.fedsm.config import FedSMConfig
+from medflare.fedsm.selector import build_selector, selector_spec
 from medflare.fedsm.softpull import check_lambda
 from medflare.presets import get_preset
 
@@ -70,18 +70,10 @@ class FedSMController(SiteRounds):
 
     Args:
         num_rounds: main training rounds (Algorithm 1). Default 10.
-        softpull_lambda: lambda of Eq. 11 in [1/K, 1]; 1/K = FedAvg, 1 = local training. Default 0.7 (paper,
-            low-similarity sites).
-        extra_rounds: FedSM-extra rounds after the main ones; each is one server-side Adam step of the
-            selector head (K + 1 outputs, 0 = global model) on Eq. 1 labels; 0 = plain FedSM. Default 0.
-        gamma: Algorithm 2's threshold on the selector's typicality, used for the scores the sites report and
-            stored in the super model as the default of ``medflare evaluate``: about the share of a seen site's
-            cases sent to the global model (see jobs/fedsm/README.md, "Choosing gamma"). Default 0.05.
-        preset / overrides / seed: the segmentation network, as the sites' executors and the persistor (must
-            match). Defaults "seg_synthetic", none, 0.
-        selector: arguments of :class:`~medflare.fedsm.selector.EncoderGaussianSelector`: ``levels`` (encoder levels
-            read, default 2), ``shrinkage`` (covariance shrinkage, default 0.2). Default {}.
-        head_lr: Adam learning rate of the FedSM-extra head on the server. Default 0.05.
+        preset / overrides / seed: the segmentation network, as the sites' executors and the persistor (checked equal
+            at START_RUN, :class:`medflare.common.preset_check.PresetCheck`). FedSM's own settings (SoftPull's lambda,
+            gamma, the selector, FedSM-extra's rounds and head learning rate) are the preset's ``fedsm`` section
+            (:class:`medflare.fedsm.config.FedSMConfig`), set through ``overrides``. Defaults "seg_synthetic", none, 0.
         resume_round: first round to run, to resume a run by resubmission from its saved super model (the
             persistor's ``source_ckpt_file_full_name``): the rounds before it are taken as done. A resume inside
             the FedSM-extra rounds starts the head's Adam moments afresh (they are not saved). Default 0.
@@ -92,14 +84,9 @@ class FedSMController(SiteRounds):
     def __init__(
         self,
         num_rounds: int = 10,
-        softpull_lambda: float = 0.7,
-        extra_rounds: int = 0,
-        gamma: float = DEFAULT_GAMMA,
         preset: str = "seg_synthetic",
         overrides: Mapping[str, Any] | None = None,
         seed: int = 0,
-        selector: Mapping[str, Any] | None = None,
-        head_lr: float = 0.05,
         resume_round: int = 0,
         persistor_id: str = "persistor",
         min_responses: int = 0,
@@ -108,21 +95,17 @@ class FedSMController(SiteRounds):
     ):
         super().__init__(num_rounds=num_rounds, persistor_id=persistor_id, min_responses=min_responses,
                          task_timeout=task_timeout, task_check_period=task_check_period)
-        keep_args(self, softpull_lambda=softpull_lambda, extra_rounds=extra_rounds, gamma=gamma, preset=preset,
-                  overrides=overrides or {}, seed=seed, selector=selector or {}, head_lr=head_lr, resume_round=resume_round)
-        check_int("FedSMController", "extra_rounds", extra_rounds, 0)
-        check_int("FedSMController", "resume_round", resume_round, 0)
-        if resume_round > num_rounds + extra_rounds:
-            raise ConfigError(f"FedSMController: 'resume_round' {resume_round} is past the job's last round "
-                              f"({num_rounds} + {extra_rounds} extra)")
-        if not isinstance(gamma, (int, float)) or not 0 <= float(gamma) <= 1:
-            raise ConfigError(f"FedSMController: 'gamma' must lie in [0, 1], got {gamma!r}")
-        if not isinstance(head_lr, (int, float)) or not head_lr > 0:
-            raise ConfigError(f"FedSMController: 'head_lr' must be > 0, got {head_lr!r}")
+        keep_args(self, preset=preset, overrides=overrides or {}, seed=seed, resume_round=resume_round)
         cfg = get_preset(preset, overrides)
+        fedsm = FedSMConfig.from_preset(cfg)
+        self.softpull_lambda, self.gamma, self.selector = fedsm.softpull_lambda, fedsm.gamma, fedsm.selector
+        self.extra_rounds, self.head_lr = fedsm.extra_rounds, fedsm.head_lr
+        check_int("FedSMController", "resume_round", resume_round, 0)
+        if resume_round > num_rounds + self.extra_rounds:
+            raise ConfigError(f"FedSMController: 'resume_round' {resume_round} is past the job's last round "
+                              f"({num_rounds} + {self.extra_rounds} extra)")
         self.model_spec = cfg["model"]
         self.key = cfg["eval"]["key_metric"]
-        check_selector_args(self.selector)  # unknown keys fail when the job is loaded, not in round 0
 
     # ---- state -------------------------------------------------------------------------------
     def _init_state(self) -> SuperState:

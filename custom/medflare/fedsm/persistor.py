@@ -51,7 +51,7 @@ class SuperModelPersistor(PTFileModelPersistor):
     """Persistor of the FedSM super model (see the module docstring).
 
     Args:
-        preset: preset name of the segmentation network (must match the controller's and sites'). Default "seg_synthetic".
+        preset: preset name of the segmentation network (must match the controller's and sites'; checked at START_RUN). Default "seg_synthetic".
         overrides: overrides merged into the preset. Default none.
         seed: initialisation seed of the global model (every personalised model starts as a copy). Default 0.
         source_ckpt_file_full_name: a saved super model (absolute path on the server) to start from instead of

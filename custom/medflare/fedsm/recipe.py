@@ -20,9 +20,10 @@ from medflare.presets import get_preset
 
 
 class FedSMRecipe(JobRecipe):
-    """FedSM (Xu et al. 2022). Args: preset, overrides, num_rounds, seed, device, min_clients, and every
-    :class:`~medflare.fedsm.controller.FedSMController` argument (softpull_lambda, extra_rounds, gamma,
-    selector, head_lr, min_responses, task_timeout) as keyword arguments.
+    """FedSM (Xu et al. 2022). Args: preset, overrides (FedSM's settings among them: the ``fedsm`` section,
+    :class:`~medflare.fedsm.config.FedSMConfig`, e.g. ``{"fedsm": {"gamma": 0.1, "extra_rounds": 2}}``), num_rounds,
+    seed, device, min_clients, and the other :class:`~medflare.fedsm.controller.FedSMController` arguments
+    (resume_round, min_responses, task_timeout) as keyword arguments.
 
     Server components: ``persistor`` (:class:`~medflare.fedsm.persistor.SuperModelPersistor`) and
     ``model_selector``, FLARE's ``IntimeModelSelector`` on the sites' mean ``own_or_global_<key metric>``

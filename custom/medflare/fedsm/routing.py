@@ -11,11 +11,10 @@ from typing import Sequence
 import torch
 
 from medflare import MedflareError
+from medflare.fedsm.config import DEFAULT_GAMMA  # noqa: F401 - Algorithm 2's threshold when a job or a command gives none
 
 #: Routing result meaning "the global model" (personalised models are 0..K-1).
 GLOBAL = -1
-#: Algorithm 2's typicality threshold when a job or a command gives none
-DEFAULT_GAMMA = 0.05
 #: the name of the global model in a routing report (the paper's Table 5 calls it "GM")
 GLOBAL_MODEL = "global model"
 #: what a routing report's table is, for the header above it

@@ -32,6 +32,7 @@ from torch import nn
 
 from medflare import ConfigError
 from medflare.fedsm import density
+from medflare.fedsm.config import FedSMConfig
 from medflare.nets import build_from_spec, register
 
 
@@ -194,16 +195,9 @@ def build_selector(spec: Mapping[str, Any]) -> EncoderGaussianSelector:
     return build_from_spec(spec, role="selector")
 
 
-#: the selector arguments a job sets (the rest come from the preset and the run)
-USER_ARGS = ("levels", "shrinkage")
-
-
 def check_selector_args(args: Mapping[str, Any]) -> dict[str, Any]:
-    """The job's ``selector`` knob as a dict; ConfigError names unknown keys."""
-    unknown = sorted(set(args) - set(USER_ARGS))
-    if unknown:
-        raise ConfigError(f"FedSM 'selector' has unknown keys {unknown} (known: {', '.join(USER_ARGS)})")
-    return dict(args)
+    """The job's ``fedsm.selector`` setting as a dict; ConfigError names an unknown key or a bad value."""
+    return FedSMConfig.from_dict({"selector": args}).selector
 
 
 def selector_spec(model: Mapping[str, Any], sites: Sequence[str], global_class: bool, args: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -29,13 +29,12 @@ from medflare import ConfigError, PayloadError
 from medflare.common.aggregation import apply_diff, weighted_mean
 from medflare.common.component import keep_args
 from medflare.common.payload import flatten, nbytes, payload_bytes, unflatten
-from medflare.checks import check_int
 from medflare.common.workflow import SiteRounds
 from medflare.fedst import comm
 from medflare.fedst import protocol as P
 from medflare.fedst.conditioning import participation_mean
-from medflare.fedst.diffusion import diffusion_config, exchange_steps
-from medflare.fedst.losses import check_lambda
+from medflare.fedst.config import DiffusionConfig, FedSTConfig
+from medflare.fedst.diffusion import exchange_steps
 from medflare.fedst.persistor import META_CLASSES, META_METRICS, META_ROUND, META_SITES, META_SIZE, META_VERSIONS
 from medflare.presets import get_preset
 
@@ -51,12 +50,13 @@ class FedSTController(SiteRounds):
     """What both FedST workflows share (use :class:`FedSTSeparateController` or :class:`FedSTJoinController`).
 
     Args:
-        num_rounds: segmentation rounds. Default 10.
-        refresh_every: rounds between refreshes of the synthetic images (see the subclasses for what else a
-            refresh does); 0 = draw once and keep them. Default: 0 (separate), 2 (join).
-        cds_lambda: lambda of Eq. 3 (weight of the loss on synthetic images); 0 = plain FedAvg on real images
-            (the sampling task is then skipped). Default 1.0.
-        preset / overrides / seed: as the sites' executors and the persistor (must match). Defaults "fedst", none, 0.
+        num_rounds: segmentation rounds. Default 10 (the recipes pass the preset's ``fedst.rounds``). When the job's
+            overrides set ``fedst.rounds`` too, the two must agree (ConfigError otherwise): a job folder's rounds are
+            its ``num_rounds``, and an override that would be ignored is refused instead.
+        preset / overrides / seed: as the sites' executors and the persistor (checked equal at START_RUN,
+            :class:`medflare.common.preset_check.PresetCheck`). The algorithm's settings are the preset's ``fedst``
+            section (``cds_lambda``, ``refresh_every``, ``generator_weights``: :class:`medflare.fedst.config.FedSTConfig`)
+            and its ``diffusion`` section (:class:`medflare.fedst.config.DiffusionConfig`). Defaults "fedst", none, 0.
         generator_task / sample_task / train_task / validate_task: task names. Defaults "train_generator",
             "sample", "train", "validate".
         persistor_id, min_responses, task_timeout, task_check_period: see :class:`medflare.common.workflow.SiteRounds`.
@@ -67,8 +67,6 @@ class FedSTController(SiteRounds):
     def __init__(
         self,
         num_rounds: int = 10,
-        refresh_every: int = 0,
-        cds_lambda: float = 1.0,
         preset: str = "fedst",
         overrides: Mapping[str, Any] | None = None,
         seed: int = 0,
@@ -83,15 +81,20 @@ class FedSTController(SiteRounds):
     ):
         super().__init__(num_rounds=num_rounds, persistor_id=persistor_id, min_responses=min_responses,
                          task_timeout=task_timeout, task_check_period=task_check_period)
-        keep_args(self, refresh_every=refresh_every, cds_lambda=cds_lambda, preset=preset, overrides=overrides or {}, seed=seed,
+        keep_args(self, preset=preset, overrides=overrides or {}, seed=seed,
                   generator_task=generator_task, sample_task=sample_task, train_task=train_task, validate_task=validate_task)
         name = type(self).__name__
-        check_int(name, "refresh_every", refresh_every, 0)
-        self.lam = check_lambda(cds_lambda)
         cfg = get_preset(preset, overrides)
         if "diffusion" not in cfg:
             raise ConfigError(f"{name}: preset '{preset}' has no 'diffusion' section; FedST needs one (e.g. preset 'fedst')")
-        self.diffusion = diffusion_config(cfg["diffusion"])
+        self.fedst = FedSTConfig.from_preset(cfg)
+        wanted = ((overrides or {}).get("fedst") or {}).get("rounds")
+        if wanted is not None and wanted != num_rounds:
+            raise ConfigError(f"{name}: the overrides set 'fedst.rounds' {wanted} but the workflow's 'num_rounds' is {num_rounds}; "
+                              "set the rounds in one place (a job folder: num_rounds; a recipe or `medflare run`: fedst.rounds)")
+        self.lam = self.fedst.cds_lambda
+        self.refresh_every = self.fedst.refresh(self.variant)
+        self.diffusion = DiffusionConfig.from_preset(cfg)
         self.exchanges = exchange_steps(self.diffusion)  # FedST-join: local steps of each generator exchange in a round
         self.key_metric = cfg["eval"]["key_metric"]
         if not persistor_id:
@@ -240,12 +243,12 @@ class FedSTSeparateController(FedSTController):
     server keeps (persisted with the job) and shares with every site; segmentation by FedAvg with Eq. 3.
 
     Round 0 starts with ``train_generator`` at every site not yet in the store (``diffusion.warmup_steps`` local
-    steps; FULL weights up). With ``refresh_every`` > 0 the sites keep training their generators
+    steps; FULL weights up). With ``fedst.refresh_every`` > 0 the sites keep training their generators
     (``refresh_every * diffusion.steps_per_round`` steps between uploads) and re-upload them every ``refresh_every``
     rounds; the refreshed store goes out again and the sites redraw their synthetic images (Fig. 9d). A site
     receives only the generators of other sites that changed since it last got them.
 
-    Args: see :class:`FedSTController` (``refresh_every`` default 0: upload once, as in the paper).
+    Args: see :class:`FedSTController` (``fedst.refresh_every`` null means 0 here: upload once, as in the paper).
     """
 
     variant = "separate"
@@ -263,7 +266,7 @@ class FedSTSeparateController(FedSTController):
             refresh = rnd == 0 or (self.refresh_every > 0 and rnd % self.refresh_every == 0)
             upload = [s for s in self.site_names if s not in self.versions] if rnd == 0 else (self.site_names if refresh else [])
             if upload:
-                steps = self.diffusion["warmup_steps"] if rnd == 0 else self.refresh_every * self.diffusion["steps_per_round"]
+                steps = self.diffusion.warmup_steps if rnd == 0 else self.refresh_every * self.diffusion.steps_per_round
                 self._collect_generators(upload, steps, rnd)
             if self.abort_signal.triggered:
                 return
@@ -319,7 +322,7 @@ class FedSTJoinController(FedSTController):
     exchange per round, the paper's schedule): with many local steps under its constant domain vector a site's style
     goes into the shared layers and the average draws the mean style for every vector. The first
     ``diffusion.warmup_rounds`` rounds train only the generator; the ``num_rounds`` segmentation rounds follow.
-    Sites draw cross-domain images by switching the domain vector; they redraw them every ``refresh_every``
+    Sites draw cross-domain images by switching the domain vector; they redraw them every ``fedst.refresh_every``
     segmentation rounds (0 = draw once).
 
     The generator's diffs are averaged entry by entry over the sites that changed the entry
@@ -327,26 +330,20 @@ class FedSTJoinController(FedSTController):
     at site k and keeps its whole update, where plain FedAvg (the paper's and the reference code's choice) would shrink it
     to n_k / n of it every round.
 
-    Args: see :class:`FedSTController` (``refresh_every`` default 2), and
-        generator_weights: "equal" (every site's domain counts the same in the shared layers; default) or "cases"
-            (weighted by the sites' training cases, as the segmentation model).
+    Args: see :class:`FedSTController` (``fedst.refresh_every`` null means 2 here; ``fedst.generator_weights``: "equal",
+    every site's domain counts the same in the shared layers, or "cases", weighted by the sites' training cases as the
+    segmentation model).
     """
 
     variant = "join"
 
-    def __init__(self, *args: Any, refresh_every: int = 2, generator_weights: str = "equal", **kwargs: Any):
-        super().__init__(*args, refresh_every=refresh_every, **kwargs)
-        keep_args(self, generator_weights=generator_weights)
-        if generator_weights not in ("equal", "cases"):
-            raise ConfigError(f"FedSTJoinController: 'generator_weights' must be 'equal' or 'cases', got {generator_weights!r}")
-
     @property
     def rounds_in_job(self) -> int:
-        return self.diffusion["warmup_rounds"] + self.num_rounds
+        return self.diffusion.warmup_rounds + self.num_rounds
 
     def run(self) -> None:
         self._start()
-        warmup = self.diffusion["warmup_rounds"]
+        warmup = self.diffusion.warmup_rounds
         self.info(f"FedST-join: sites {self.site_names}, {warmup} generator rounds + {self.num_rounds} rounds, lambda {self.lam}, "
                   f"refresh every {self.refresh_every or 'never'}")
         for rnd in range(self.rounds_in_job):
@@ -376,7 +373,7 @@ class FedSTJoinController(FedSTController):
 
     def _combine_generator(self, results: Mapping[str, FLModel]) -> dict[str, np.ndarray]:
         order = [s for s in self.site_names if s in results]
-        weights = self._weights(results, order) if self.generator_weights == "cases" else [1.0] * len(order)
+        weights = self._weights(results, order) if self.fedst.generator_weights == "cases" else [1.0] * len(order)
         mean = participation_mean([unflatten(results[s].params)[P.GEN] for s in order], weights)
         return apply_diff(self.parts[P.GEN], mean)
 

@@ -10,38 +10,9 @@ Training objective, Eq. 2 of the paper (``L_simple``)::
     E_(x,y) E_eps E_t || f_theta([sqrt(abar_t) y + sqrt(1 - abar_t) eps, x], t) - eps ||^2
 
 with y the image (scaled to [-1, 1]), x the encoded label map and t a uniformly drawn timestep
-(:func:`simple_loss`). Settings of the ``diffusion`` section of a preset (defaults in :data:`DIFFUSION_DEFAULTS`):
-
-    generator:        DiffusionModelUNet arguments: channels, num_res_blocks, attention_levels, norm_num_groups,
-                      num_head_channels (in/out channels are the data's; see :func:`generator_args`).
-    scheduler:        "ddpm" (Eq. 2, epsilon prediction by default) or "rflow" (rectified flow: velocity
-                      x0 - eps, Euler sampling; straighter paths, usable with fewer sampling steps).
-    prediction:       what the DDPM denoiser predicts: "epsilon" (Eq. 2), "v_prediction" or "sample".
-    train_timesteps:  T of the forward process (paper/reference: 1000 for sampling, 2000 for training).
-    beta_schedule, beta_start, beta_end: MONAI noise schedule name and its end points.
-    sampler:          "ddim" (deterministic, few steps) or "ddpm" (ancestral, the paper's 1000 steps); rflow
-                      always uses its own Euler steps.
-    sample_steps:     denoising steps when sampling.
-    loss:             "mse" (Eq. 2) or "l1" (the reference code).
-    lr, batch_size:   Adam learning rate and batch of the generator.
-    domain_lr:        FedST-join: Adam learning rate of the domain modulation (its own parameter group), meant to
-                      be larger than ``lr`` so that a site's style goes into its domain column (which the per-entry
-                      mean keeps whole) rather than into the shared layers; see :func:`generator_optimizer`.
-    warmup_steps:     FedST-separate: local generator steps before the one upload to the style store.
-    steps_per_round:  generator steps per round (FedST-join every round; FedST-separate only when the
-                      store is refreshed during training, see the controller's ``refresh_every``).
-    sync_steps:       FedST-join: local generator steps between two averagings of the generator. A round's
-                      ``steps_per_round`` steps are split into exchanges of at most ``sync_steps`` steps, each one
-                      download of the global generator, local training and one diff upload per site
-                      (:func:`exchange_steps`); 0 = one exchange per round (the paper's schedule). Why: a site trains
-                      under one constant domain vector, so over many local steps its style goes into the shared
-                      layers, which the server averages back to the mean style; with few local steps per exchange the
-                      federated generator learns both styles and switches with the domain vector as a centrally
-                      trained one does (measured, benchmarks/RESULTS_fedst.md; the paper's Fig. 9d also finds that
-                      longer communication intervals hurt). Costs 2 G per site and exchange.
-    warmup_rounds:    FedST-join: rounds in which only the generator is trained (FedAvg), before segmentation.
-    num_synthetic:    label maps of a site turned into synthetic images per refresh (0 = all training cases).
-    sample_batch:     images denoised together when sampling.
+(:func:`simple_loss`). Every function here takes the typed ``diffusion`` section,
+:class:`medflare.fedst.config.DiffusionConfig` (each key's meaning and default there), which a component builds once
+from its preset.
 """
 
 from __future__ import annotations
@@ -59,69 +30,12 @@ from torch import nn
 
 from medflare import ConfigError, DataError, MedflareError
 from medflare.fedst.conditioning import DomainModulation, check_domain_vectors, domain_vectors, encode_labels
+from medflare.fedst.config import DiffusionConfig
 
-DIFFUSION_DEFAULTS: dict[str, Any] = {
-    "generator": {"channels": [16, 32, 32], "num_res_blocks": 1, "attention_levels": [False, False, False],
-                  "norm_num_groups": 8, "num_head_channels": 8},
-    "scheduler": "ddpm",
-    "prediction": "epsilon",
-    "train_timesteps": 1000,
-    "beta_schedule": "linear_beta",
-    "beta_start": 1e-4,
-    "beta_end": 2e-2,
-    "sampler": "ddim",
-    "sample_steps": 20,
-    "loss": "mse",
-    "lr": 1e-3,
-    "domain_lr": 1e-2,
-    "batch_size": 8,
-    "warmup_steps": 400,
-    "steps_per_round": 100,
-    "sync_steps": 5,
-    "warmup_rounds": 2,
-    "num_synthetic": 0,
-    "sample_batch": 32,
-}
-SCHEDULERS = ("ddpm", "rflow")
-SAMPLERS = ("ddim", "ddpm")
-PREDICTIONS = ("epsilon", "v_prediction", "sample")
-LOSSES = ("mse", "l1")
-_UNET_KEYS = ("channels", "num_res_blocks", "attention_levels", "norm_num_groups", "num_head_channels")
-
-
-def diffusion_config(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A preset's ``diffusion`` section with the defaults filled in; ConfigError names an unknown or bad key."""
-    cfg = dict(cfg or {})
-    unknown = sorted(set(cfg) - set(DIFFUSION_DEFAULTS))
-    if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} in config section 'diffusion' (known: {sorted(DIFFUSION_DEFAULTS)})")
-    out = {**DIFFUSION_DEFAULTS, **cfg}
-    out["generator"] = {**DIFFUSION_DEFAULTS["generator"], **dict(cfg.get("generator") or {})}
-    bad_gen = sorted(set(out["generator"]) - set(_UNET_KEYS))
-    if bad_gen:
-        raise ConfigError(f"unknown key(s) {bad_gen} in 'diffusion.generator' (known: {list(_UNET_KEYS)})")
-    for key, allowed in (("scheduler", SCHEDULERS), ("sampler", SAMPLERS), ("prediction", PREDICTIONS), ("loss", LOSSES)):
-        if out[key] not in allowed:
-            raise ConfigError(f"'diffusion.{key}' must be one of {list(allowed)}, got {out[key]!r}")
-    for key in ("train_timesteps", "sample_steps", "batch_size", "sample_batch"):
-        if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < 1:
-            raise ConfigError(f"'diffusion.{key}' must be an int >= 1, got {out[key]!r}")
-    for key in ("warmup_steps", "steps_per_round", "sync_steps", "warmup_rounds", "num_synthetic"):
-        if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < 0:
-            raise ConfigError(f"'diffusion.{key}' must be an int >= 0, got {out[key]!r}")
-    if out["sample_steps"] > out["train_timesteps"]:
-        raise ConfigError(f"'diffusion.sample_steps' ({out['sample_steps']}) cannot exceed 'diffusion.train_timesteps' ({out['train_timesteps']})")
-    for key in ("lr", "domain_lr"):
-        if not (isinstance(out[key], (int, float)) and not isinstance(out[key], bool) and out[key] > 0):
-            raise ConfigError(f"'diffusion.{key}' must be a positive number, got {out[key]!r}")
-    return out
-
-
-def exchange_steps(cfg: Mapping[str, Any]) -> list[int]:
+def exchange_steps(cfg: DiffusionConfig) -> list[int]:
     """FedST-join: the local steps of each generator exchange in one round -- ``steps_per_round`` split into chunks
     of ``sync_steps`` (the last one shorter), or one exchange of all of them when ``sync_steps`` is 0."""
-    cfg = diffusion_config(cfg)
-    steps, sync = cfg["steps_per_round"], cfg["sync_steps"]
+    steps, sync = cfg.steps_per_round, cfg.sync_steps
     if sync == 0 or sync >= steps:
         return [steps]
     return [sync] * (steps // sync) + ([steps % sync] if steps % sync else [])
@@ -150,7 +64,8 @@ class StyleGenerator(nn.Module):
         num_classes: classes of the label maps it is conditioned on (background included).
         num_domains: length of the one-hot domain vector; 0 = no domain input (FedST-separate). Default 0.
         channels, num_res_blocks, attention_levels, norm_num_groups, num_head_channels: MONAI
-            ``DiffusionModelUNet`` arguments (2D). Defaults: a small CPU-friendly UNet (see DIFFUSION_DEFAULTS).
+            ``DiffusionModelUNet`` arguments (2D). Defaults: a small CPU-friendly UNet (those of
+            :class:`medflare.fedst.config.GeneratorSettings`).
 
     ``forward(x, timesteps, context=None, domain=None)``: x (B, image_channels + num_classes, H, W) = noisy image
     then label channels (what ``DiffusionInferer`` passes in ``"concat"`` mode), timesteps (B,) or (1,), domain
@@ -211,9 +126,9 @@ class StyleGenerator(nn.Module):
             self._slot["domain"] = None
 
 
-def generator_args(cfg: Mapping[str, Any], image_channels: int, num_classes: int, num_domains: int = 0) -> dict[str, Any]:
+def generator_args(cfg: DiffusionConfig, image_channels: int, num_classes: int, num_domains: int = 0) -> dict[str, Any]:
     """The full constructor arguments of a :class:`StyleGenerator` (what a saved file records)."""
-    gen = diffusion_config(cfg)["generator"]
+    gen = cfg.generator
     return {"image_channels": int(image_channels), "num_classes": int(num_classes), "num_domains": int(num_domains),
             **{k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in gen.items()}}
 
@@ -223,7 +138,7 @@ def build_style_generator(args: Mapping[str, Any]) -> StyleGenerator:
     return StyleGenerator(**dict(args))
 
 
-def generator_optimizer(generator: StyleGenerator, cfg: Mapping[str, Any]) -> torch.optim.Adam:
+def generator_optimizer(generator: StyleGenerator, cfg: DiffusionConfig) -> torch.optim.Adam:
     """A site's own Adam for the generator: ``diffusion.lr`` for the UNet, ``diffusion.domain_lr`` for the domain
     modulation of a domain-conditioned generator (FedST-join).
 
@@ -233,37 +148,34 @@ def generator_optimizer(generator: StyleGenerator, cfg: Mapping[str, Any]) -> to
     (benchmarks/RESULTS_fedst.md): the rate alone does not make the federated generator separate the styles (10x and
     50x did not, with 40 local steps per average); averaging every few local steps (``sync_steps``) does, at either rate.
     """
-    cfg = diffusion_config(cfg)
     domain = [p for name, p in generator.named_parameters() if name.startswith("modulation.")]
     shared = [p for name, p in generator.named_parameters() if not name.startswith("modulation.")]
-    groups = [{"params": shared, "lr": cfg["lr"]}] + ([{"params": domain, "lr": cfg["domain_lr"]}] if domain else [])
+    groups = [{"params": shared, "lr": cfg.lr}] + ([{"params": domain, "lr": cfg.domain_lr}] if domain else [])
     return torch.optim.Adam(groups)
 
 
 # ---- schedulers ----------------------------------------------------------------------------------
-def _schedule(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    return {"num_train_timesteps": cfg["train_timesteps"], "schedule": cfg["beta_schedule"],
-            "beta_start": cfg["beta_start"], "beta_end": cfg["beta_end"]}
+def _schedule(cfg: DiffusionConfig) -> dict[str, Any]:
+    return {"num_train_timesteps": cfg.train_timesteps, "schedule": cfg.beta_schedule, "beta_start": cfg.beta_start,
+            "beta_end": cfg.beta_end}
 
 
-def training_scheduler(cfg: Mapping[str, Any]) -> Scheduler:
+def training_scheduler(cfg: DiffusionConfig) -> Scheduler:
     """The forward (noising) process the generator is trained with."""
-    cfg = diffusion_config(cfg)
-    if cfg["scheduler"] == "rflow":
-        return RFlowScheduler(num_train_timesteps=cfg["train_timesteps"], use_discrete_timesteps=True, sample_method="uniform", spatial_dim=2)
-    return DDPMScheduler(prediction_type=cfg["prediction"], **_schedule(cfg))
+    if cfg.scheduler == "rflow":
+        return RFlowScheduler(num_train_timesteps=cfg.train_timesteps, use_discrete_timesteps=True, sample_method="uniform", spatial_dim=2)
+    return DDPMScheduler(prediction_type=cfg.prediction, **_schedule(cfg))
 
 
-def sampling_scheduler(cfg: Mapping[str, Any], steps: int | None = None) -> Scheduler:
+def sampling_scheduler(cfg: DiffusionConfig, steps: int | None = None) -> Scheduler:
     """The reverse process used to sample, set to ``steps`` (default ``sample_steps``) denoising steps."""
-    cfg = diffusion_config(cfg)
-    steps = int(steps or cfg["sample_steps"])
-    if cfg["scheduler"] == "rflow":
+    steps = int(steps or cfg.sample_steps)
+    if cfg.scheduler == "rflow":
         sched: Scheduler = training_scheduler(cfg)
-    elif cfg["sampler"] == "ddim":
-        sched = DDIMScheduler(prediction_type=cfg["prediction"], clip_sample=True, **_schedule(cfg))
+    elif cfg.sampler == "ddim":
+        sched = DDIMScheduler(prediction_type=cfg.prediction, clip_sample=True, **_schedule(cfg))
     else:
-        sched = DDPMScheduler(prediction_type=cfg["prediction"], clip_sample=True, **_schedule(cfg))
+        sched = DDPMScheduler(prediction_type=cfg.prediction, clip_sample=True, **_schedule(cfg))
     sched.set_timesteps(steps)
     return sched
 

@@ -41,7 +41,8 @@ from medflare.common.training import local_work, make_loader, make_loss, make_op
 from medflare.data.util import stable_seed
 from medflare.fedst import protocol as P
 from medflare.fedst.cache import JOIN_KEY, SiteStyleCache
-from medflare.fedst.diffusion import (build_style_generator, cycle, diffusion_config, generator_args, generator_optimizer,
+from medflare.fedst.config import DiffusionConfig
+from medflare.fedst.diffusion import (build_style_generator, cycle, generator_args, generator_optimizer,
                                       sample_images, sampling_scheduler, train_generator, training_scheduler)
 from medflare.fedst.losses import CrossDomainTerm
 from medflare.fedst.visual import synthetic_panel
@@ -66,7 +67,7 @@ class FedSTSiteExecutor(SiteExecutor):
             raise ConfigError(f"FedST trains segmentation models; preset '{self.preset}' is {self.data.task}")
         if "diffusion" not in self.cfg:
             raise ConfigError(f"preset '{self.preset}' has no 'diffusion' section; FedST needs one (e.g. preset 'fedst')")
-        self.diffusion = diffusion_config(self.cfg["diffusion"])
+        self.diffusion = DiffusionConfig.from_preset(self.cfg)
         expected = int(self.cfg["model"]["args"].get("in_channels", 1))
         if self.data.in_channels != expected:
             raise DataError(f"site '{self.site}': images have {self.data.in_channels} channel(s), preset '{self.preset}' expects {expected}")
@@ -141,13 +142,13 @@ class GeneratorTrainingExecutor(FedSTSiteExecutor):
             if exchange == int(meta.get(P.EXCHANGES, 1)) - 1:  # only the round's last one: each would overwrite the last
                 self.cache.put_generator(JOIN_KEY, received, rnd)  # the sampler draws with the latest global generator of this round
             sent = received
-        steps = int(meta.get(P.STEPS, self.diffusion["steps_per_round"]))
-        batch = self.diffusion["batch_size"]
+        steps = int(meta.get(P.STEPS, self.diffusion.steps_per_round))
+        batch = self.diffusion.batch_size
         batches = cycle(lambda epoch: make_loader(self.data.train, batch, True, seed=stable_seed("fedst-gen", self.seed, rnd, exchange, epoch)))
         tic = time.perf_counter()
         losses = train_generator(
             self.generator, self.scheduler, self.optimizer, batches, steps, domain_index=sites.index(self.site) if join else None,
-            loss=self.diffusion["loss"], device=self.torch_device, seed=stable_seed("fedst-noise", self.seed, self.site, rnd, exchange),
+            loss=self.diffusion.loss, device=self.torch_device, seed=stable_seed("fedst-noise", self.seed, self.site, rnd, exchange),
             should_stop=lambda: abort_signal.triggered,
         )
         seconds = time.perf_counter() - tic
@@ -233,7 +234,7 @@ class StyleSamplingExecutor(FedSTSiteExecutor):
 
     def _subset(self, rnd: int) -> list[int]:
         """Indices of the training label maps to draw from (all, or ``num_synthetic`` seeded ones)."""
-        n, k = len(self.train_labels), self.diffusion["num_synthetic"]
+        n, k = len(self.train_labels), self.diffusion.num_synthetic
         if not k or k >= n:
             return list(range(n))
         rng = np.random.default_rng(stable_seed("fedst-subset", self.seed, self.site, rnd))
@@ -248,7 +249,7 @@ class StyleSamplingExecutor(FedSTSiteExecutor):
         images = sample_images(
             generator, sampling_scheduler(self.diffusion), labels, domain_index=sites.index(domain) if join else None,
             trained_classes=trained, seed=stable_seed("fedst-sample", self.seed, self.site, domain, rnd),
-            batch_size=self.diffusion["sample_batch"], device=self.torch_device, who=f"site '{self.site}' drawing '{domain}'",
+            batch_size=self.diffusion.sample_batch, device=self.torch_device, who=f"site '{self.site}' drawing '{domain}'",
         )
         return images, labels
 

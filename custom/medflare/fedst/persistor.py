@@ -29,7 +29,8 @@ from medflare.common.payload import flatten, state_to_numpy, unflatten
 from medflare.common.persistence import model_from_preset
 from medflare.common.results import describe, save_checkpoint
 from medflare.fedst import protocol as P
-from medflare.fedst.diffusion import build_style_generator, diffusion_config, generator_args
+from medflare.fedst.config import DiffusionConfig
+from medflare.fedst.diffusion import build_style_generator, generator_args
 from medflare.fedst.results import KIND_OF, check_compatible
 from medflare.presets import get_preset
 
@@ -46,12 +47,13 @@ def fedst_generator_args(preset: str, overrides: Mapping[str, Any] | None, num_d
     cfg = get_preset(preset, overrides)
     if "diffusion" not in cfg:
         raise ConfigError(f"preset '{preset}' has no 'diffusion' section; FedST needs one (e.g. preset 'fedst')")
-    return generator_args(cfg["diffusion"], int(cfg["model"]["args"].get("in_channels", 1)), int(cfg["data"]["num_classes"]), num_domains)
+    return generator_args(DiffusionConfig.from_preset(cfg), int(cfg["model"]["args"].get("in_channels", 1)), int(cfg["data"]["num_classes"]),
+                          num_domains)
 
 
 def fedst_description(preset: str, overrides: Mapping[str, Any] | None, variant: str) -> dict[str, Any]:
     """The ``train_conf["medflare"]`` entry of a FedST file (kind, preset, overrides, seg model, data, diffusion)."""
-    return describe(preset, overrides, kind=KIND_OF[variant], diffusion=diffusion_config(get_preset(preset, overrides).get("diffusion")))
+    return describe(preset, overrides, kind=KIND_OF[variant], diffusion=DiffusionConfig.from_preset(get_preset(preset, overrides)).as_dict())
 
 
 def _tensors(params: Mapping[str, Any]) -> dict[str, torch.Tensor]:

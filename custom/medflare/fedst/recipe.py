@@ -5,7 +5,8 @@
     FedSTJoinRecipe(preset="fedst_tiny").execute(SimEnv(num_clients=2))
     FedSTSeparateRecipe(preset="fedst_paper").export("jobs_paper")   # 384x384, 50 rounds, 1000 DDPM sampling steps
 
-``num_rounds`` defaults to the preset's ``fedst.rounds``, so the paper's scale is a preset away.
+``num_rounds`` defaults to the preset's ``fedst.rounds``, so the paper's scale is a preset away; FedST's settings are the
+preset's ``fedst`` and ``diffusion`` sections (:mod:`medflare.fedst.config`), set through ``overrides``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Mapping
 
 from medflare.common.recipe import JobRecipe
 from medflare.fedst import protocol as P
+from medflare.fedst.config import FedSTConfig
 from medflare.fedst.controller import FedSTJoinController, FedSTSeparateController
 from medflare.fedst.executor import GeneratorTrainingExecutor, SegmentationExecutor, StyleSamplingExecutor
 from medflare.fedst.persistor import FedSTPersistor
@@ -21,9 +23,9 @@ from medflare.presets import get_preset
 
 
 class _FedSTRecipe(JobRecipe):
-    """A FedST job. Args: preset (default "fedst"), overrides, num_rounds (None = the preset's ``fedst.rounds``), seed,
-    device, min_clients, init_file (the persistor's), and every controller argument (refresh_every, cds_lambda,
-    min_responses, task_timeout) as keyword arguments."""
+    """A FedST job. Args: preset (default "fedst"), overrides (any key of the ``fedst`` and ``diffusion`` sections among
+    them), num_rounds (None = the preset's ``fedst.rounds``), seed, device, min_clients, init_file (the persistor's),
+    and the controller's other arguments (min_responses, task_timeout, task names) as keyword arguments."""
 
     job_name = ""
     variant = ""
@@ -40,7 +42,7 @@ class _FedSTRecipe(JobRecipe):
         init_file: str = "",
         **controller_args: Any,
     ):
-        rounds = num_rounds if num_rounds is not None else int(get_preset(preset, overrides).get("fedst", {}).get("rounds", 10))
+        rounds = num_rounds if num_rounds is not None else FedSTConfig.from_preset(get_preset(preset, overrides)).rounds
         site_args = dict(preset=preset, overrides=overrides, device=device, seed=seed)
         persistor = FedSTPersistor(variant=self.variant, preset=preset, overrides=overrides, seed=seed, init_file=init_file)
         super().__init__(

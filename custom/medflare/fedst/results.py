@@ -26,7 +26,8 @@ import torch
 
 from medflare import ConfigError, DataError, ResultFileError
 from medflare.common.results import Result, ResultKind, description_of, load_result, network_from
-from medflare.fedst.diffusion import build_style_generator, diffusion_config, sample_images, sampling_scheduler
+from medflare.fedst.config import DiffusionConfig
+from medflare.fedst.diffusion import build_style_generator, sample_images, sampling_scheduler
 from medflare.fedst.options import DOMAIN
 
 STYLE_STORE = "fedst_style_store"
@@ -43,7 +44,7 @@ class FedSTResult(Result):
         self.sites = list(sites)
         self.trained_classes = {s: list(v) for s, v in trained_classes.items()}
         self.image_size = list(image_size) if image_size else None
-        self.diffusion = diffusion_config(self.description.get("diffusion"))
+        self.diffusion = DiffusionConfig.from_dict(self.description.get("diffusion"))
 
     @property
     def segmentation(self) -> torch.nn.Module:
@@ -84,7 +85,7 @@ class FedSTResult(Result):
         images = sample_images(
             generator, sampling_scheduler(self.diffusion), labels, domain_index=index,
             trained_classes=self.trained_classes.get(domain), seed=int(options.get("seed", 0) or 0),
-            batch_size=self.diffusion["sample_batch"], device=device, who=f"the generator of '{domain}' in '{self.path}'",
+            batch_size=self.diffusion.sample_batch, device=device, who=f"the generator of '{domain}' in '{self.path}'",
         )
         return list(images)
 

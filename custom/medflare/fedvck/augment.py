@@ -29,20 +29,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from medflare import ConfigError
-
-OPS = ("color", "crop", "cutout", "flip", "scale", "rotate")
-
-
-def check_strategy(strategy: str, key: str = "augment") -> tuple[str, ...]:
-    """The ops of a "_"-joined strategy ("" = none); ConfigError naming ``key`` for an unknown op."""
-    if not isinstance(strategy, str):
-        raise ConfigError(f"{key} must be a string of '_'-joined ops, got {strategy!r}")
-    ops = tuple(op for op in strategy.split("_") if op)
-    unknown = [op for op in ops if op not in OPS]
-    if unknown:
-        raise ConfigError(f"{key}: unknown augmentation op(s) {unknown} in '{strategy}' (known: {list(OPS)})")
-    return ops
+from medflare.fedvck.config import OPS, check_strategy  # noqa: F401 - with the settings (torch-free), which check fedvck.augment
 
 
 class DiffAugment:

@@ -2,26 +2,47 @@
 
 Both sides resolve the job's preset (with its overrides), so condensation (site) and global-model update
 (server) settings cannot disagree, and a paper-scale run is a preset away (``cls_medmnist_paper``). A preset
-without a ``fedvck`` section runs with the defaults below. Every value is checked here, once, with a
-:class:`medflare.ConfigError` naming the key (``fedvck.<key>``).
+without a ``fedvck`` section runs with the defaults below. Every value is checked once, by the section's rules
+(:mod:`medflare.settings`), with a :class:`medflare.ConfigError` naming the key (``fedvck.<key>``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
-from typing import Any, Mapping
 
 from medflare import ConfigError
-from medflare.fedvck.augment import check_strategy
-from medflare.fedvck.mmd import KERNELS
+from medflare.settings import NON_NEGATIVE, POSITIVE, Bool, Check, Int, Number, OneOf, Section, section, setting
 
 SECTION = "fedvck"
+#: the MMD kernels of :mod:`.mmd`
+KERNELS = ("linear", "gaussian")
+#: the differentiable augmentation ops of :mod:`.augment`
+OPS = ("color", "crop", "cutout", "flip", "scale", "rotate")
 
 
-@dataclass(frozen=True)
-class FedVCKConfig:
+def check_strategy(strategy: str, key: str = "augment") -> tuple[str, ...]:
+    """The ops of a "_"-joined strategy ("" = none); ConfigError naming ``key`` for an unknown op."""
+    if not isinstance(strategy, str):
+        raise ConfigError(f"{key} must be a string of '_'-joined ops, got {strategy!r}")
+    ops = tuple(op for op in strategy.split("_") if op)
+    unknown = [op for op in ops if op not in OPS]
+    if unknown:
+        raise ConfigError(f"{key}: unknown augmentation op(s) {unknown} in '{strategy}' (known: {list(OPS)})")
+    return ops
+
+
+def _strategy(key: str, value: str) -> str:
+    check_strategy(value, key)
+    return value
+
+
+#: an augmentation strategy (kept as the string)
+STRATEGY = Check(_strategy)
+FRACTION = Number(0.0, 1.0)
+
+
+@section(SECTION)
+class FedVCKConfig(Section):
     """Every FedVCK knob (paper symbol and reference-code value in brackets).
 
     Condensation at a site (Eq. 3-9):
@@ -66,85 +87,34 @@ class FedVCKConfig:
         keep_rounds: rounds of condensed sets the server trains on (reference: max(10, R/2)); 0 = all. Default 10.
     """
 
-    ipc_percent: float = 5.0
-    min_ipc: int = 5
-    iterations: int = 100
-    real_batch: int = 64
-    image_lr: float = 0.5
-    image_momentum: float = 0.5
-    clip_norm: float = 10.0
-    kernel: str = "linear"
-    latent_constraints: bool = True
-    importance: bool = True
-    alpha: float = 0.5
-    b: float = 0.7
-    augment: str = "color_crop_cutout_scale_rotate"
-    server_steps: int = 300
-    server_epochs: int = 0
-    server_batch: int = 128
-    server_lr: float = 0.01
-    server_momentum: float = 0.9
-    server_weight_decay: float = 1e-6
-    server_augment: str = "color_crop_cutout_scale_rotate"
-    contrastive_weight: float = 0.1
-    temperature: float = 0.1
-    top_k: int = 5
-    projector_dim: int = 128
-    keep_rounds: int = 10
-
-    def __post_init__(self) -> None:
-        def bad(key: str, why: str, value: Any) -> ConfigError:
-            return ConfigError(f"{SECTION}.{key} {why}, got {value!r}")
-
-        def number(key: str, low: float, high: float = math.inf, low_open: bool = False) -> None:
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise bad(key, "must be a number", v)
-            if v < low or (low_open and v == low) or v > high:
-                raise bad(key, f"must lie in {'(' if low_open else '['}{low}, {high}]", v)
-
-        def integer(key: str, low: int) -> None:
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise bad(key, f"must be an int >= {low}", v)
-
-        number("ipc_percent", 0.0, 100.0, low_open=True)
-        for key, low in (("min_ipc", 1), ("iterations", 0), ("real_batch", 1), ("server_steps", 0), ("server_epochs", 0), ("server_batch", 1),
-                         ("top_k", 1), ("projector_dim", 1), ("keep_rounds", 0)):
-            integer(key, low)
-        for key in ("image_lr", "clip_norm", "server_lr", "temperature"):
-            number(key, 0.0, low_open=True)
-        for key in ("image_momentum", "server_momentum", "alpha"):
-            number(key, 0.0, 1.0)
-        for key in ("server_weight_decay", "contrastive_weight"):
-            number(key, 0.0)
-        number("b", -math.inf)
-        if self.kernel not in KERNELS:
-            raise bad("kernel", f"is not a known kernel (known: {list(KERNELS)})", self.kernel)
-        for key in ("latent_constraints", "importance"):
-            if not isinstance(getattr(self, key), bool):
-                raise bad(key, "must be true or false", getattr(self, key))
-        for key in ("augment", "server_augment"):
-            check_strategy(getattr(self, key), f"{SECTION}.{key}")
+    ipc_percent: float = setting(5.0, Number(0.0, 100.0, low_open=True))
+    min_ipc: int = setting(5, Int(1))
+    iterations: int = setting(100, Int(0))
+    real_batch: int = setting(64, Int(1))
+    image_lr: float = setting(0.5, POSITIVE)
+    image_momentum: float = setting(0.5, FRACTION)
+    clip_norm: float = setting(10.0, POSITIVE)
+    kernel: str = setting("linear", OneOf(KERNELS))
+    latent_constraints: bool = setting(True, Bool())
+    importance: bool = setting(True, Bool())
+    alpha: float = setting(0.5, FRACTION)
+    b: float = setting(0.7, Number())
+    augment: str = setting("color_crop_cutout_scale_rotate", STRATEGY)
+    server_steps: int = setting(300, Int(0))
+    server_epochs: int = setting(0, Int(0))
+    server_batch: int = setting(128, Int(1))
+    server_lr: float = setting(0.01, POSITIVE)
+    server_momentum: float = setting(0.9, FRACTION)
+    server_weight_decay: float = setting(1e-6, NON_NEGATIVE)
+    server_augment: str = setting("color_crop_cutout_scale_rotate", STRATEGY)
+    contrastive_weight: float = setting(0.1, NON_NEGATIVE)
+    temperature: float = setting(0.1, POSITIVE)
+    top_k: int = setting(5, Int(1))
+    projector_dim: int = setting(128, Int(1))
+    keep_rounds: int = setting(10, Int(0))
 
     def update_steps(self, num_images: int) -> int:
         """SGD steps of the server's update on ``num_images`` kept condensed images."""
         if self.server_epochs > 0:
             return self.server_epochs * math.ceil(num_images / self.server_batch)
         return self.server_steps
-
-    @classmethod
-    def from_preset(cls, cfg: Mapping[str, Any]) -> "FedVCKConfig":
-        """The ``fedvck`` section of a resolved preset (defaults for missing keys; unknown keys refused)."""
-        section = cfg.get(SECTION) or {}
-        if not isinstance(section, Mapping):
-            raise ConfigError(f"preset section '{SECTION}' must be a dict, got {section!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(section) - known)
-        if unknown:
-            raise ConfigError(f"unknown key(s) {[f'{SECTION}.{k}' for k in unknown]} (known: {sorted(known)})")
-        return cls(**dict(section))
-
-    def as_dict(self) -> dict[str, Any]:
-        """The settings as a plain dict (for the saved result and the logs)."""
-        return dataclasses.asdict(self)

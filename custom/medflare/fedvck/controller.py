@@ -51,7 +51,7 @@ class FedVCKController(SiteRounds):
     Args:
         num_rounds: communication rounds (paper's limited budget: 10). Default 10.
         preset / overrides / seed: network and FedVCK settings (the preset's ``fedvck`` section), as the sites'
-            executors (must match). Defaults "fedvck_synthetic", none, 0.
+            executors (checked equal at START_RUN, medflare.common.preset_check). Defaults "fedvck_synthetic", none, 0.
         device: where the server trains: "auto" (GPU when present), "cpu", "cuda:N". Default "auto".
         images_per_class: condensed images per class shown in each round's TensorBoard grid (0 = none). Default 32.
         condense_task / validate_task: task names. Defaults "condense", "validate".

@@ -20,8 +20,8 @@ from typing import Sequence
 import torch
 
 from medflare import ConfigError
+from medflare.fedvck.config import KERNELS
 
-KERNELS = ("linear", "gaussian")
 #: bandwidth multipliers of the Gaussian kernel (5 kernels, factor 2 apart, centred on the data's scale)
 MULTIPLIERS = (0.25, 0.5, 1.0, 2.0, 4.0)
 

@@ -27,7 +27,8 @@ class Method:
     job saves in the server's app folder; ``curve`` the TensorBoard tag (``{key}`` = the preset's key metric) whose
     mean over sites per round is the learning curve, read from the sites' folders unless ``curve_on_server``;
     ``curve_start``: the completed rounds its first point reflects (0: sites score the model they receive at a
-    round's start, so the first point is the initial model; 1: the value is taken after the round's update)."""
+    round's start, so the first point is the initial model; 1: the value is taken after the round's update);
+    ``overrides``: the row's algorithm settings (preset sections, e.g. ``{"fedsm": {"extra_rounds": 1}}``)."""
 
     name: str
     label: str
@@ -38,6 +39,7 @@ class Method:
     curve: str = "val_global/{key}"
     curve_on_server: bool = False
     curve_start: int = 0
+    overrides: dict[str, Any] = field(default_factory=dict)
     workflow: dict[str, Any] = field(default_factory=dict)
     flare_clients_arg: bool = False  # FLARE's own FedAvg / Scaffold need num_clients
 
@@ -58,7 +60,7 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("scaffold", "SCAFFOLD", "seg", _SEG, "scaffold", "FL_global_model.pt", flare_clients_arg=True),
     Method("fedsm", "FedSM", "seg", _SEG, "fedsm", "FedSM_super_model.pt", curve="val/own_or_global_{key}"),
     Method("fedsm_extra", "FedSM-extra", "seg", _SEG, "fedsm", "FedSM_super_model.pt", curve="val/own_or_global_{key}",
-           workflow={"extra_rounds": 1}),
+           overrides={"fedsm": {"extra_rounds": 1}}),
     Method("fediod_seg", "FedIOD-seg", "seg", {"quick": "fediod_seg_tiny", "full": "fediod_seg"}, "fediod_seg",
            "FedIOD_student.pt", curve="student/val_{key}"),
     Method("fedst_separate", "FedST-separate", "seg", {"quick": "fedst_tiny", "full": "fedst"}, "fedst_separate",

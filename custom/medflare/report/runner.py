@@ -15,6 +15,7 @@ one. A record is written to disk and reused by the next run unless ``rerun`` (re
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import os
@@ -174,7 +175,7 @@ class Row:
         data = task_data(self.method.task, self.mode)  # every row of a task reads the same data, whatever its preset
         if self.skew is not None:  # same Dirichlet split of the same synthetic pool for every classification row
             data.update(beta=self.skew, num_sites=max(len(self.sites), 2))
-        return {"data": data}
+        return {**copy.deepcopy(self.method.overrides), "data": data}
 
     @property
     def key(self) -> str:
@@ -243,7 +244,7 @@ def _federated(row: Row, work: Path, log: Callable[[str], None]) -> dict[str, An
     workflow = {"num_rounds": row.rounds, **m.workflow}
     if m.flare_clients_arg:
         workflow["num_clients"] = len(row.sites)
-    total = row.rounds + int(m.workflow.get("extra_rounds", 0))
+    total = row.rounds + int(get_preset(row.preset, row.overrides).get("fedsm", {}).get("extra_rounds", 0))
     start, first = time.perf_counter(), {}
 
     def on_round(rnd: int) -> None:

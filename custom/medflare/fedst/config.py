@@ -1,0 +1,138 @@
+"""FedST's settings: the ``diffusion`` section (the label-conditioned generator) and the ``fedst`` section (the workflow).
+
+Both are read by the server's workflow, the persistor and every site executor from the job's preset, so a job-folder
+override (``"overrides": {"fedst": {"cds_lambda": 0}}``) or ``medflare run fedst_join --set diffusion.sync_steps=10``
+reaches every side; an unknown key is refused naming the section and its valid keys.
+"""
+
+from __future__ import annotations
+
+from medflare import ConfigError
+from medflare.settings import (NON_NEGATIVE, POSITIVE, Bool, Check, Int, Items, Nested, Number, OneOf, OrNone, Section,
+                               Text, section, setting)
+
+SCHEDULERS = ("ddpm", "rflow")
+SAMPLERS = ("ddim", "ddpm")
+PREDICTIONS = ("epsilon", "v_prediction", "sample")
+LOSSES = ("mse", "l1")
+GENERATOR_WEIGHTS = ("equal", "cases")
+#: ``fedst.refresh_every`` when a preset leaves it null: FedST-separate uploads once (the paper), FedST-join redraws
+#: its synthetic images every 2 rounds
+REFRESH_EVERY = {"separate": 0, "join": 2}
+
+
+def _per_level(key: str, value: object) -> int | list[int]:
+    """An int >= 1, or one per level (MONAI takes either for ``num_res_blocks`` and ``num_head_channels``)."""
+    return Items(Int(1), min_items=1)(key, value) if isinstance(value, (list, tuple)) else Int(1)(key, value)
+
+
+@section("diffusion.generator")
+class GeneratorSettings(Section):
+    """MONAI ``DiffusionModelUNet`` arguments of the generator (in/out channels are the data's, see
+    :func:`medflare.fedst.diffusion.generator_args`).
+
+    Keys: channels (per level, default [16, 32, 32]), num_res_blocks (an int or one per level, default 1),
+    attention_levels (per level, default all false), norm_num_groups (8), num_head_channels (an int or one per level, 8).
+    """
+
+    channels: list = setting([16, 32, 32], Items(Int(1), min_items=1))
+    num_res_blocks: int | list = setting(1, Check(_per_level))
+    attention_levels: list = setting([False, False, False], Items(Bool(), min_items=1))
+    norm_num_groups: int = setting(8, Int(1))
+    num_head_channels: int | list = setting(8, Check(_per_level))
+
+    def check(self) -> None:
+        if len(self.attention_levels) != len(self.channels):
+            raise ConfigError(f"'diffusion.generator.attention_levels' needs one entry per level of 'channels' "
+                              f"({len(self.channels)}), got {self.attention_levels}")
+
+
+@section("diffusion")
+class DiffusionConfig(Section):
+    """FedST's style transfer generator (Eq. 2 of the paper; :mod:`medflare.fedst.diffusion`).
+
+    Keys:
+        generator: the denoiser UNet (:class:`GeneratorSettings`). Default 3 levels of 16, 32, 32 channels.
+        scheduler: "ddpm" (Eq. 2, epsilon prediction by default) or "rflow" (rectified flow: velocity x0 - eps, Euler
+            sampling; straighter paths, usable with fewer sampling steps). Default "ddpm".
+        prediction: what the DDPM denoiser predicts: "epsilon" (Eq. 2), "v_prediction" or "sample". Default "epsilon".
+        train_timesteps: T of the forward process (paper/reference: 1000 for sampling, 2000 for training). Default 1000.
+        beta_schedule, beta_start, beta_end: MONAI noise schedule name and its end points, in (0, 1). Defaults
+            "linear_beta", 1e-4, 2e-2.
+        sampler: "ddim" (deterministic, few steps) or "ddpm" (ancestral, the paper's 1000 steps); rflow always uses its
+            own Euler steps. Default "ddim".
+        sample_steps: denoising steps when sampling, <= train_timesteps. Default 20.
+        loss: "mse" (Eq. 2) or "l1" (the reference code). Default "mse".
+        lr, batch_size: Adam learning rate and batch of the generator. Defaults 1e-3, 8.
+        domain_lr: FedST-join: Adam learning rate of the domain modulation (its own parameter group), meant to be larger
+            than ``lr`` so that a site's style goes into its domain column (which the per-entry mean keeps whole)
+            rather than into the shared layers; see :func:`medflare.fedst.diffusion.generator_optimizer`. Default 1e-2.
+        warmup_steps: FedST-separate: local generator steps before the one upload to the style store. Default 400.
+        steps_per_round: generator steps per round (FedST-join every round; FedST-separate only when the store is
+            refreshed during training, ``fedst.refresh_every``). Default 100.
+        sync_steps: FedST-join: local generator steps between two averagings of the generator. A round's
+            ``steps_per_round`` steps are split into exchanges of at most ``sync_steps`` steps, each one download of
+            the global generator, local training and one diff upload per site
+            (:func:`medflare.fedst.diffusion.exchange_steps`); 0 = one exchange per round (the paper's schedule). Why: a
+            site trains under one constant domain vector, so over many local steps its style goes into the shared
+            layers, which the server averages back to the mean style; with few local steps per exchange the federated
+            generator learns both styles and switches with the domain vector as a centrally trained one does
+            (measured, benchmarks/RESULTS_fedst.md; the paper's Fig. 9d also finds that longer communication intervals
+            hurt). Costs 2 G per site and exchange. Default 5.
+        warmup_rounds: FedST-join: rounds in which only the generator is trained (FedAvg), before segmentation. Default 2.
+        num_synthetic: label maps of a site turned into synthetic images per refresh (0 = all training cases). Default 0.
+        sample_batch: images denoised together when sampling. Default 32.
+    """
+
+    generator: dict = setting(GeneratorSettings().as_dict(), Nested(GeneratorSettings))
+    scheduler: str = setting("ddpm", OneOf(SCHEDULERS))
+    prediction: str = setting("epsilon", OneOf(PREDICTIONS))
+    train_timesteps: int = setting(1000, Int(1))
+    beta_schedule: str = setting("linear_beta", Text(empty=False))
+    beta_start: float = setting(1e-4, Number(0.0, 1.0, low_open=True, high_open=True))
+    beta_end: float = setting(2e-2, Number(0.0, 1.0, low_open=True, high_open=True))
+    sampler: str = setting("ddim", OneOf(SAMPLERS))
+    sample_steps: int = setting(20, Int(1))
+    loss: str = setting("mse", OneOf(LOSSES))
+    lr: float = setting(1e-3, POSITIVE)
+    domain_lr: float = setting(1e-2, POSITIVE)
+    batch_size: int = setting(8, Int(1))
+    warmup_steps: int = setting(400, Int(0))
+    steps_per_round: int = setting(100, Int(0))
+    sync_steps: int = setting(5, Int(0))
+    warmup_rounds: int = setting(2, Int(0))
+    num_synthetic: int = setting(0, Int(0))
+    sample_batch: int = setting(32, Int(1))
+
+    def check(self) -> None:
+        if self.sample_steps > self.train_timesteps:
+            raise ConfigError(f"'diffusion.sample_steps' ({self.sample_steps}) cannot exceed 'diffusion.train_timesteps' "
+                              f"({self.train_timesteps})")
+        if self.beta_start >= self.beta_end:
+            raise ConfigError(f"'diffusion.beta_start' ({self.beta_start}) must be below 'diffusion.beta_end' ({self.beta_end})")
+
+
+@section("fedst")
+class FedSTConfig(Section):
+    """FedST's workflow (both variants; :mod:`medflare.fedst.controller`).
+
+    Keys:
+        rounds: segmentation rounds (FedST-join runs ``diffusion.warmup_rounds`` generator rounds before them); the
+            workflow's ``num_rounds`` when that is null, as in the exported job folders. Default 10.
+        cds_lambda: lambda of Eq. 3, the weight of the loss on cross-domain synthetic images; 0 = plain FedAvg on real
+            images (the ``sample`` task is then skipped). Default 1.0.
+        refresh_every: rounds between refreshes of the synthetic images (FedST-separate: also re-uploads of the
+            generators; FedST-join: redraws with the current global generator); 0 = draw once and keep them; null = the
+            variant's default, 0 for FedST-separate (the paper) and 2 for FedST-join. Default null.
+        generator_weights: FedST-join: weight of each site in the generator's per-entry mean, "equal" (every domain
+            counts the same in the shared layers) or "cases" (training cases, as the segmentation model). Default "equal".
+    """
+
+    rounds: int = setting(10, Int(1))
+    cds_lambda: float = setting(1.0, NON_NEGATIVE)
+    refresh_every: int | None = setting(None, OrNone(Int(0)))
+    generator_weights: str = setting("equal", OneOf(GENERATOR_WEIGHTS))
+
+    def refresh(self, variant: str) -> int:
+        """``refresh_every``, or the default of ``variant`` ("separate" | "join") when it is null."""
+        return REFRESH_EVERY[variant] if self.refresh_every is None else self.refresh_every

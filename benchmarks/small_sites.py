@@ -92,8 +92,9 @@ def fedavg(cfg: dict, data: dict, rounds: int, test: tuple[torch.Tensor, torch.T
     return {"acc": acc, "classes": classes, "steps": (min(steps), max(steps)), "batches": batches, "seconds": seconds}
 
 
-def central(cfg: dict, data: dict, epochs: int, test) -> float:
-    """The centralised reference: one model on the pooled training images, ``epochs`` epochs (train.epochs each round)."""
+def central(cfg: dict, data: dict, epochs: int, test) -> tuple[float, int]:
+    """The centralised reference: one model on the pooled training images, ``epochs`` epochs (train.epochs each round);
+    its accuracy on ``test`` and how many classes it predicts."""
     torch.manual_seed(0)
     train = cfg["train"]
     model = build_from_spec(cfg["model"])
@@ -102,7 +103,7 @@ def central(cfg: dict, data: dict, epochs: int, test) -> float:
     batch = capped_batch_size(train["batch_size"], len(pooled), train["max_batch_fraction"])
     train_epochs(model, make_loader(pooled, batch, True), make_loss(train["loss"], "classification"), opt,
                  epochs=epochs, min_steps=train["min_steps"] * epochs)
-    return accuracy(model, *test)[0]
+    return accuracy(model, *test)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -128,8 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     default = get_preset("cls_synthetic", {"data": base["data"], "model": base["model"]})
     ref = {"floor 0": central(get_preset("cls_synthetic", {"data": base["data"], "model": base["model"],
                                                            "train": {"min_steps": 0, "max_batch_fraction": 1.0}}),
-                              data, args.rounds, test),
-           "defaults": central(default, data, args.rounds, test)}
+                              data, args.rounds, test)[0],
+           "defaults": central(default, data, args.rounds, test)[0]}
     big = {"before": train_steps_for(5000, 64, 1, 0, 1.0),
            "defaults": train_steps_for(5000, 64, default["train"]["epochs"], default["train"]["min_steps"],
                                        default["train"]["max_batch_fraction"])}

@@ -218,7 +218,8 @@ def cmd_report(args) -> dict[str, Any]:
         return [cast(x.strip()) for x in text.split(",") if x.strip()] if text else None
 
     rows = plan(listed(args.tasks), "quick" if args.quick else "full", methods=listed(args.methods),
-                sites=listed(args.sites), seeds=listed(args.seeds, int), rounds=args.rounds, skews=listed(args.skews, float))
+                sites=listed(args.sites), seeds=listed(args.seeds, int), rounds=args.rounds, skews=listed(args.skews, float),
+                match=listed(args.match_compute))
     path, failed = report(Path(args.out), rows, rerun=args.rerun, write_only=args.write_only)
     print(f"report written to {path}" + (f"; {len(failed)} of {len(rows)} rows failed (listed in it)" if failed else ""))
     if failed:
@@ -402,6 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", help="comma-separated seeds (default: 0 in --quick mode, 0,1,2 in full mode)")
     p.add_argument("--rounds", type=_positive, help="rounds per job (default: 2 quick, 10 full)")
     p.add_argument("--skews", help="Dirichlet betas of the classification tables (default 0.5,0.05)")
+    p.add_argument("--match-compute", metavar="METHODS",
+                   help="also run the baselines (fedavg, fedprox, scaffold) at the optimisation steps per round of these "
+                        "methods, e.g. fedvck,fediod (docs/report.md, 'Matched compute')")
     p.add_argument("--rerun", action="store_true", help="run every row again instead of reusing finished ones")
     p.add_argument("--write-only", action="store_true",
                    help="run nothing: write the report from the finished rows, listing the others as not run yet")

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from medflare import ConfigError
 from medflare.report.figures import plot_task
-from medflare.report.methods import METHODS, methods_for
+from medflare.report.methods import BASELINES, METHODS, methods_for
 from medflare.report.runner import Row, record_path, run_row
 from medflare.report.sends import plot_sends
 from medflare.report.tables import describe_setting, devices, group, key_metric, mark_ties, markdown, summary_row, to_csv
@@ -24,18 +24,31 @@ SETTINGS = {
 
 
 def plan(tasks: list[str], mode: str, *, methods: list[str] | None = None, sites: list[str] | None = None,
-         seeds: list[int] | None = None, rounds: int | None = None, skews: list[float] | None = None) -> list[Row]:
-    """Every row to run, in table order."""
+         seeds: list[int] | None = None, rounds: int | None = None, skews: list[float] | None = None,
+         match: list[str] | None = None) -> list[Row]:
+    """Every row to run, in table order. ``match`` (``--match-compute``, short names such as ``fedvck``): after a
+    task's rows, each baseline among them (:data:`~medflare.report.methods.BASELINES`) once more at each named
+    method's optimisation steps per round (the named method's row is planned too when ``methods`` left it out)."""
     if mode not in SETTINGS:
         raise ConfigError(f"unknown mode '{mode}' (quick or full)")
-    rows = []
     for task in tasks:
         methods_for(task)  # ConfigError for an unknown task
+    refs = {task: [m for n in match or [] for m in methods_for(task, [n])] for task in tasks}
+    unmatched = [n for n in match or [] if not any(methods_for(t, [n]) for t in tasks)]
+    if unmatched:
+        raise ConfigError(f"--match-compute {','.join(unmatched)}: no such method in task(s) {', '.join(tasks)}")
+    rows = []
+    for task in tasks:
         cfg = SETTINGS[mode][task]
         names = sites or [f"site-{i}" for i in range(1, cfg["sites"] + 1)]
+        chosen = methods_for(task, methods)
+        chosen += [m for m in refs[task] if m not in chosen]
+        baselines = [m for m in chosen if m.name.removeprefix("cls_") in BASELINES]
         for skew in (skews or SETTINGS[mode]["skews"]) if task == "cls" else [None]:
             for seed in seeds or SETTINGS[mode]["seeds"]:
-                rows += [Row(m, tuple(names), rounds or cfg["rounds"], mode, seed, skew) for m in methods_for(task, methods)]
+                rows += [Row(m, tuple(names), rounds or cfg["rounds"], mode, seed, skew) for m in chosen]
+                rows += [Row(b, tuple(names), rounds or cfg["rounds"], mode, seed, skew, match=ref.name)
+                         for ref in refs[task] for b in baselines]
     return rows
 
 
@@ -95,7 +108,8 @@ def write(out: Path, records: list[dict[str, Any]], failed: list[str] | None = N
         title = "Segmentation" if task == "seg" else f"Classification, Dirichlet({skew:g}) label skew"
         sites = next(iter(runs.values()))[0]["sites"]
         png = plot_task(runs, key_metric(task), title, out / f"{task}{'' if skew is None else f'_beta{skew:g}'}.png")
-        parts += [f"## {title}", "", describe_setting(runs), "", markdown(rows, task, sites), "", f"![{title}]({png.name})", ""]
+        parts += [f"## {title}", "", describe_setting(runs), "", compute_note(runs), "", markdown(rows, task, sites), "",
+                  f"![{title}]({png.name})", ""]
         sends = plot_sends(runs, title, out / f"sends_{task}{'' if skew is None else f'_beta{skew:g}'}.png")
         if sends is not None:
             parts += [f"What the methods send (last round, first seed; FedST's panels of a site's own data are kept at "
@@ -107,6 +121,20 @@ def write(out: Path, records: list[dict[str, Any]], failed: list[str] | None = N
     (out / "REPORT.md").write_text("\n".join(parts))
     (out / "report.csv").write_text(to_csv(all_rows))
     (out / "report.json").write_text(json.dumps({"rows": all_rows, "records": records}, indent=1, default=float))
+
+
+def compute_note(runs: dict[str, list[dict[str, Any]]]) -> str:
+    """The line that says which comparison a table shows: every method at its own default local work, and, where
+    ``--match-compute`` ran, which baseline rows got which method's optimisation steps per round."""
+    matched = sorted({(r["label"], r["steps_per_site"]) for rs in runs.values() for r in rs if r.get("match")})
+    text = ("Compute: steps / round = optimisation steps per round, every site's summed + the server's (`-`: not on "
+            "the record); compute s = every site's task time + the server's training time where streamed. ")
+    if not matched:
+        return text + "Every method runs at its own default local work (not compute-matched)."
+    return text + "Matched compute (`--match-compute`): " + "; ".join(
+        f"{label} ran exactly {steps} steps per site and round" for label, steps in matched) + (
+        " (the named method's steps per round over sites and server, split evenly over the sites); the other rows "
+        "run at their defaults.")
 
 
 def _load_range(records) -> str:

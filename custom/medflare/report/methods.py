@@ -28,7 +28,10 @@ class Method:
     mean over sites per round is the learning curve, read from the sites' folders unless ``curve_on_server``;
     ``curve_start``: the completed rounds its first point reflects (0: sites score the model they receive at a
     round's start, so the first point is the initial model; 1: the value is taken after the round's update);
-    ``overrides``: the row's algorithm settings (preset sections, e.g. ``{"fedsm": {"extra_rounds": 1}}``)."""
+    ``overrides``: the row's algorithm settings (preset sections, e.g. ``{"fedsm": {"extra_rounds": 1}}``);
+    ``site_steps`` / ``server_steps``: the TensorBoard tags holding the optimisation steps a round spent at each site
+    and at the server (:mod:`medflare.report.compute`): ``()`` = no optimisation there, None = it trains there
+    but streams no steps; ``server_time``: the tag of the server's training seconds per round, where streamed."""
 
     name: str
     label: str
@@ -42,6 +45,9 @@ class Method:
     overrides: dict[str, Any] = field(default_factory=dict)
     workflow: dict[str, Any] = field(default_factory=dict)
     flare_clients_arg: bool = False  # FLARE's own FedAvg / Scaffold need num_clients
+    site_steps: tuple[str, ...] | None = ("train/steps",)
+    server_steps: tuple[str, ...] | None = ()
+    server_time: str | None = None
 
     @property
     def standalone(self) -> bool:
@@ -53,6 +59,13 @@ _CLS = {"quick": "cls_synthetic_tiny", "full": "cls_synthetic"}
 #: the preset whose ``data`` block every row of a task reads (an algorithm's own preset may differ in its pool size
 #: or skew, e.g. FedIOD's smaller pool for its 15-minute default job; the report overrides that, see :func:`task_data`)
 TASK_DATA = {"seg": _SEG, "cls": _CLS}
+#: steps on the record that are not the sites' ``train/steps``: FedVCK's sites condense (image steps) and its server
+#: trains the model on the condensed sets; FedIOD's server trains the generator and the student (its sites' teachers
+#: train once, in stage 1, and stream no steps)
+_FEDVCK_SITE, _FEDVCK_SERVER = ("condense/steps",), ("train/steps",)
+_FEDIOD_SERVER = ("train/steps_generator", "train/steps_student")
+#: the rows ``--match-compute`` reruns at another row's step budget (short names)
+BASELINES = ("fedavg", "fedprox", "scaffold")
 
 METHODS: dict[str, Method] = {m.name: m for m in [
     Method("fedavg", "FedAvg", "seg", _SEG, "fedavg", "FL_global_model.pt", flare_clients_arg=True),
@@ -62,7 +75,7 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("fedsm_extra", "FedSM-extra", "seg", _SEG, "fedsm", "FedSM_super_model.pt", curve="val/own_or_global_{key}",
            overrides={"fedsm": {"extra_rounds": 1}}),
     Method("fediod_seg", "FedIOD-seg", "seg", {"quick": "fediod_seg_tiny", "full": "fediod_seg"}, "fediod_seg",
-           "FedIOD_student.pt", curve="student/val_{key}"),
+           "FedIOD_student.pt", curve="student/val_{key}", site_steps=None, server_steps=_FEDIOD_SERVER),
     Method("fedst_separate", "FedST-separate", "seg", {"quick": "fedst_tiny", "full": "fedst"}, "fedst_separate",
            "FedST_style_store.pt"),
     Method("fedst_join", "FedST-join", "seg", {"quick": "fedst_tiny", "full": "fedst"}, "fedst_join", "FedST_join_generator.pt"),
@@ -73,9 +86,9 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("cls_scaffold", "SCAFFOLD", "cls", _CLS, "scaffold", "FL_global_model.pt", flare_clients_arg=True),
     Method("fedvck", "FedVCK", "cls", {"quick": "fedvck_synthetic_tiny", "full": "fedvck_synthetic"}, "fedvck",
            "FedVCK_result.pt", curve="val_accuracy_pooled", curve_on_server=True,
-           curve_start=1),
+           curve_start=1, site_steps=_FEDVCK_SITE, server_steps=_FEDVCK_SERVER, server_time="time/update_s"),
     Method("fediod", "FedIOD", "cls", {"quick": "fediod_cls_tiny", "full": "fediod_cls"}, "fediod", "FedIOD_student.pt",
-           curve="student/val_{key}"),
+           curve="student/val_{key}", site_steps=None, server_steps=_FEDIOD_SERVER),
     Method("cls_local", "local only", "cls", _CLS),
     Method("cls_central", "centralised", "cls", _CLS),
 ]}

@@ -22,13 +22,14 @@ import os
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from medflare import MedflareError
 from medflare.presets import get_preset
-from medflare.report.methods import SCORE_METRICS, Method, method_mode, task_data
+from medflare.report.compute import budget, compute_of, steps_per_site
+from medflare.report.methods import METHODS, SCORE_METRICS, Method, method_mode, task_data
 from medflare.report.traffic import LEDGER, meter_filters, read_ledger, summarize, summarize_egress
 
 
@@ -157,7 +158,11 @@ def run_job(name: str, work: Path, sites: list[str], *, preset: str, overrides: 
 
 @dataclass(frozen=True)
 class Row:
-    """What to run: a method on a task's sites at one skew (classification) and seed, for ``rounds`` rounds."""
+    """What to run: a method on a task's sites at one skew (classification) and seed, for ``rounds`` rounds.
+    ``match``: the method (full name, e.g. ``fedvck``) whose optimisation steps per round this baseline row gets
+    (``--match-compute``): ``steps`` per site and round, resolved from that row's record when the row runs
+    (:func:`resolve_match`). ``settings``: overrides merged over the task's data block (a benchmark's own sites and
+    model), the same for every row it builds."""
 
     method: Method
     sites: tuple[str, ...]
@@ -165,22 +170,65 @@ class Row:
     mode: str = "quick"
     seed: int = 0
     skew: float | None = None
+    match: str | None = None
+    steps: int | None = None
+    settings: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
 
     @property
     def preset(self) -> str:
         return self.method.presets[self.mode]
 
     @property
+    def name(self) -> str:
+        """The record's method name: the method's, with ``_match_<reference>`` for a row at another's budget."""
+        return self.method.name + (f"_match_{self.match}" if self.match else "")
+
+    @property
+    def label(self) -> str:
+        return self.method.label + (f" (steps of {METHODS[self.match].label})" if self.match else "")
+
+    @property
     def overrides(self) -> dict[str, Any]:
         data = task_data(self.method.task, self.mode)  # every row of a task reads the same data, whatever its preset
         if self.skew is not None:  # same Dirichlet split of the same synthetic pool for every classification row
             data.update(beta=self.skew, num_sites=max(len(self.sites), 2))
-        return {**copy.deepcopy(self.method.overrides), "data": data}
+        out = merge({**copy.deepcopy(self.method.overrides), "data": data}, self.settings or {})
+        if self.steps is not None:  # exactly this many steps per round: at least and at most
+            out = merge(out, {"train": {"min_steps": self.steps, "max_steps": self.steps}})
+        return out
 
     @property
     def key(self) -> str:
         skew = f"_beta{self.skew:g}" if self.skew is not None else ""
-        return f"{self.method.task}{skew}/{self.method.name}_seed{self.seed}"
+        return f"{self.method.task}{skew}/{self.name}_seed{self.seed}"
+
+    def reference(self) -> "Row":
+        """The row whose step budget a matched row gets: the reference method on the same sites, skew and seed."""
+        return replace(self, method=METHODS[self.match], match=None, steps=None)
+
+
+def merge(base: Mapping[str, Any], more: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``more`` merged in, nested dicts key by key (a copy; neither argument changes)."""
+    out = dict(base)
+    for k, v in more.items():
+        out[k] = merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
+
+
+def resolve_match(row: Row, out: Path) -> Row:
+    """A matched row with its ``steps`` per site: the reference row's budget (every site's plus the server's steps per
+    round, :func:`medflare.report.compute.budget`) split evenly over this row's sites; the reference must have run."""
+    if row.match is None or row.steps is not None:
+        return row
+    path = record_path(out, row.reference())
+    if not path.is_file():
+        raise MedflareError(f"row '{row.key}' runs at the steps of '{row.reference().key}', which has no record yet "
+                            f"({path}): run that row first (the report plans it before the matched rows)")
+    try:
+        total = budget(json.loads(path.read_text()))
+    except ValueError as e:
+        raise MedflareError(f"row '{row.key}': {e} ({path})") from e
+    return replace(row, steps=steps_per_site(total, len(row.sites)))
 
 
 def record_path(out: Path, row: Row) -> Path:
@@ -192,13 +240,15 @@ def run_row(row: Row, out: Path, *, rerun: bool = False, log: Callable[[str], No
     path = record_path(out, row)
     if path.is_file() and not rerun:
         return json.loads(path.read_text())
+    row = resolve_match(row, out)
     load = os.getloadavg()[0]
     start = time.perf_counter()
     record = _standalone(row) if row.method.standalone else _federated(row, out / "runs" / row.key, log)
-    record.update(method=row.method.name, label=row.method.label, task=row.method.task, skew=row.skew, seed=row.seed,
+    record.update(method=row.name, label=row.label, task=row.method.task, skew=row.skew, seed=row.seed,
                   sites=list(row.sites), rounds=row.rounds, mode=row.mode, preset=row.preset,
                   local_epochs=get_preset(row.preset, row.overrides)["train"].get("epochs"),
-                  seconds=time.perf_counter() - start, load=[load, os.getloadavg()[0]], device=device_name())
+                  seconds=time.perf_counter() - start, load=[load, os.getloadavg()[0]], device=device_name(),
+                  match=row.match, steps_per_site=row.steps)
     compute = record["traffic"]["compute_s"] if record.get("traffic") else record["seconds"]  # no federation: all compute
     record.update(compute_s=compute, overhead_s=record["seconds"] - compute)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -267,15 +317,17 @@ def _federated(row: Row, work: Path, log: Callable[[str], None]) -> dict[str, An
     scores = {"sites": {s: r["mean"] for s, r in evaluation["sites"].items()},
               "client_average": evaluation["client_average"], "global": evaluation["global"]}
     key = get_preset(row.preset, row.overrides)["eval"]["key_metric"]
-    curve = _curve(run, m, key, row.sites)
-    return {"scores": scores, "curve": curve, "curve_x": list(range(m.curve_start, m.curve_start + len(curve))), "traffic": out["traffic"],
-            "peak_mb": out["peak_mb"], "epsilon": _epsilon(result), "workspace": str(run.workspace)}
-
-
-def _curve(run, method: Method, key: str, sites) -> list[float]:
-    """Mean over sites (or the server's value) of the method's curve tag, one value per step in step order."""
-    tag = method.curve.format(key=key)
     scalars = run.scalars()
+    curve = _curve(scalars, m, key, row.sites)
+    return {"scores": scores, "curve": curve, "curve_x": list(range(m.curve_start, m.curve_start + len(curve))), "traffic": out["traffic"],
+            "peak_mb": out["peak_mb"], "epsilon": _epsilon(result), "workspace": str(run.workspace),
+            "compute": compute_of(scalars, row.sites, m.site_steps, m.server_steps, m.server_time)}
+
+
+def _curve(scalars, method: Method, key: str, sites) -> list[float]:
+    """Mean over sites (or the server's value) of the method's curve tag, one value per step in step order
+    (``scalars``: the run's TensorBoard, :meth:`medflare.jobs.simulate.SimRun.scalars`)."""
+    tag = method.curve.format(key=key)
     series = [dict(v[tag]) for name, v in scalars.items() if tag in v and ((name not in sites) if method.curve_on_server else (name in sites))]
     steps = sorted({s for d in series for s in d})
     return [sum(d[s] for d in series if s in d) / max(1, sum(s in d for d in series)) for s in steps]

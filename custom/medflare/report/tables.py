@@ -80,7 +80,19 @@ def summary_row(runs: list[Mapping[str, Any]]) -> dict[str, Any]:
     row["epsilon"] = max(eps) if eps else None
     row["load"] = [round(x, 1) for r in runs for x in r.get("load", [])]
     row["device"] = devices(runs)
+    row.update(compute_cells(runs))
     return row
+
+
+def compute_cells(runs: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Optimisation steps per round (every site's summed, and the server's) and seconds of compute (the sites' task
+    time, the server's training time where streamed), means over seeds; None where no run has it on its record
+    (:mod:`medflare.report.compute`; a standalone row, a record made before steps were streamed)."""
+    out: dict[str, Any] = {}
+    for key in ("site_steps_per_round", "server_steps_per_round", "site_s", "server_s"):
+        values = [r["compute"][key] for r in runs if (r.get("compute") or {}).get(key) is not None]
+        out[key] = _mean_sd(values)[0] if values else None
+    return out
 
 
 def mark_ties(rows: list[dict[str, Any]]) -> None:
@@ -128,7 +140,7 @@ def markdown(rows: list[dict[str, Any]], task: str, sites: list[str]) -> str:
         ["HD95 (px)"] if task == "seg" else []) + [
         "up / site / round (task results)", "up / site / round (every channel)", "down / site / round",
         "total (every channel up, task data down)", "what left the sites (every channel)", "wall s", "FLARE overhead s",
-        "peak MB / site", "epsilon"]
+        "peak MB / site", "epsilon", "steps / round (sites + server)", "compute s (sites + server)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["label"] + (" ~" if r.get("tie") else ""), ", ".join(map(str, r["seeds"]))]
@@ -140,9 +152,17 @@ def markdown(rows: list[dict[str, Any]], task: str, sites: list[str]) -> str:
         cells += [_bytes(r["up_B_per_site_round"]), _bytes(r.get("up_all_B_per_site_round", 0.0)), _bytes(r["down_B_per_site_round"]),
                   "-" if not r.get("total_all_MB") else f"{r['total_all_MB']:.2f} MB", r["sent"], f"{r['wall_s']:.0f}{gpu}",
                   f"{r['overhead_s']:.0f}{gpu}", "-" if r["peak_site_MB"] != r["peak_site_MB"] else f"{r['peak_site_MB']:.0f}",
-                  _epsilon(r["epsilon"])]
+                  _epsilon(r["epsilon"]), _pair(r.get("site_steps_per_round"), r.get("server_steps_per_round")),
+                  _pair(r.get("site_s"), r.get("server_s"))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _pair(site: float | None, server: float | None) -> str:
+    """``sites + server`` (``-`` for a part not on the record; ``-`` alone when neither is)."""
+    if site is None and server is None:
+        return "-"
+    return " + ".join("-" if v is None else f"{v:.0f}" for v in (site, server))
 
 
 def _epsilon(eps: float | None) -> str:

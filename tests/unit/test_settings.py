@@ -356,6 +356,12 @@ def test_fedprox_mu_is_a_section_the_recipe_sends_and_other_baselines_refuse(tmp
     assert _workflow_args(recipe, tmp_path / "b")["fedprox_mu"] == 0.1
     with pytest.raises(ConfigError, match="'fedprox' section, FedProx's; run the fedprox job"):
         FedAvgRecipe(preset="seg_synthetic_tiny", overrides={"fedprox": {"mu": 0.1}})
+    # `medflare run fedprox -n 2 --set fedprox.mu=0.1`: the mu and the site count both reach the workflow (the run
+    # command passes num_clients only to a recipe whose signature takes it)
+    from medflare.jobs.run import build_recipe
+
+    args = _workflow_args(build_recipe("fedprox", 2, preset="seg_synthetic_tiny", overrides={"fedprox": {"mu": 0.1}}), tmp_path / "c")
+    assert (args["fedprox_mu"], args["num_clients"]) == (0.1, 2)
     # a site compares the mu its tasks carry with the job's overrides (it refuses a mismatch in its train task)
     assert SupervisedExecutor(preset="seg_synthetic_tiny", overrides={"fedprox": {"mu": 0.1}}).preset_mu == 0.1
     assert SupervisedExecutor(preset="seg_synthetic_tiny").preset_mu is None

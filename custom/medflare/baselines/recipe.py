@@ -46,8 +46,7 @@ class _BaselineRecipe(JobRecipe):
         **workflow_args: Any,
     ):
         cfg = get_preset(preset, overrides)
-        if "fedprox" in cfg and "fedprox_mu" not in workflow_args:
-            raise ConfigError(f"job '{self.job_name}': the overrides set the 'fedprox' section, FedProx's; run the fedprox job")
+        workflow_args = {**self.algorithm_args(cfg), **workflow_args}
         key_metric = cfg["eval"]["key_metric"]
         # A site whose result failed (its own error, or refused by the server's update guard) is left out of the
         # round's weighted average instead of ending the job (FedAvg asks every sampled site, so FLARE's default
@@ -75,6 +74,13 @@ class _BaselineRecipe(JobRecipe):
             min_clients=min_clients,
         )
 
+    def algorithm_args(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
+        """The workflow's arguments that come from the preset's algorithm section (FedAvg and SCAFFOLD have none: a
+        ``fedprox`` section in their overrides is refused, not ignored)."""
+        if "fedprox" in cfg:
+            raise ConfigError(f"job '{self.job_name}': the overrides set the 'fedprox' section, FedProx's; run the fedprox job")
+        return {}
+
 
 class FedAvgRecipe(_BaselineRecipe):
     """FedAvg (McMahan et al. 2017) with FLARE's ``FedAvg`` workflow. Args: preset, overrides, num_rounds,
@@ -90,9 +96,9 @@ class FedProxRecipe(_BaselineRecipe):
 
     job_name = "fedprox"
 
-    def __init__(self, preset: str = "seg_synthetic", overrides: Mapping[str, Any] | None = None, **kwargs: Any):
-        mu = FedProxConfig.from_preset(get_preset(preset, overrides)).mu
-        super().__init__(preset, overrides, fedprox_mu=mu, **kwargs)
+    def algorithm_args(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
+        """FLARE's ``fedprox_mu`` from the preset's ``fedprox.mu`` (the server sends it to the sites in each task)."""
+        return {"fedprox_mu": FedProxConfig.from_preset(cfg).mu}
 
 
 class ScaffoldRecipe(_BaselineRecipe):

@@ -51,7 +51,7 @@ from medflare.fedst.diffusion import (build_style_generator, cycle, generator_ar
 from medflare.fedst.persistor import FILE_OF  # noqa: E402
 from medflare.fedst.results import load_fedst_result  # noqa: E402
 from medflare.metrics import dice  # noqa: E402
-from medflare.metrics.site_mean import class_presence, site_mean  # noqa: E402
+from medflare.metrics.site_mean import label_classes, site_mean  # noqa: E402
 from medflare.nets import build_from_spec  # noqa: E402
 from medflare.presets import get_preset  # noqa: E402
 from medflare.report.runner import run_job  # noqa: E402
@@ -161,7 +161,7 @@ def quality_part(preset: str, style: str, labels_of: str, configs: list[tuple[st
     def score(images, target):
         with torch.no_grad():
             pred = seg(images).argmax(1, keepdim=True)
-            return site_mean(dice(pred, target, styled.num_classes), class_presence(pred, target, styled.num_classes)[0]).mean
+            return site_mean(dice(pred, target, styled.num_classes), label_classes(target, styled.num_classes)).mean
 
     out: dict[str, Any] = {"real_test_dice": score(test_x, test_y), "rows": {}}
     trained: dict[str, Any] = {}

@@ -137,8 +137,8 @@ def _evaluate_one(label, predictor, sources, metrics, device, batch_size, verbos
         if warning:
             log(warning)
     log(metrics_table(table, counts={n: r["num_cases"] for n, r in per_site.items()}))
-    if any(len(classes) > 1 or r.get("absent_classes") for r in per_site.values() for classes in r.get("per_class", {}).values()):
-        log("\nper class ('-': in no prediction and no label at that site, left out of the class mean):\n"
+    if any(len(classes) > 1 or r.get("unseen_classes") for r in per_site.values() for classes in r.get("per_class", {}).values()):
+        log("\nper class ('-': in no label at that site, left out of the class mean):\n"
             + per_class_table(per_site))
     for name, result in per_site.items():
         if "confusion" in result:

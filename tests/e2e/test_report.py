@@ -33,9 +33,10 @@ def test_report_counts_what_fedavg_sends_and_scores_it_like_evaluate(tmp_path, c
     model_bytes = sum(p.numel() * p.element_size() for p in model.state_dict().values() if p.is_floating_point())
     traffic = fedavg["traffic"]
     for site in SITES:
-        assert set(traffic["per_site"][site]) == {"0", "1"}, traffic["per_site"][site]
+        assert set(traffic["per_site"][site]) == {"0", "1", "2"}, traffic["per_site"][site]
         for rnd in ("0", "1"):
             assert traffic["per_site"][site][rnd] == {"down": model_bytes, "up": model_bytes}
+        assert traffic["per_site"][site]["2"] == {"down": model_bytes, "up": 0}  # the final model goes out to be scored
     assert traffic["kinds"] == {"down": ["WEIGHTS"], "up": ["METRICS", "WEIGHT_DIFF"]}  # the scores are a METRICS part
     egress = traffic["egress"]  # every channel, from the egress recorder at each site
     for site in SITES:
@@ -44,7 +45,7 @@ def test_report_counts_what_fedavg_sends_and_scores_it_like_evaluate(tmp_path, c
     assert "WEIGHT_DIFF" in egress["kinds"] and egress["total"] >= 2 * len(SITES) * model_bytes
     assert 0 < fedavg["compute_s"] < fedavg["seconds"] and fedavg["overhead_s"] > 0
     assert set(fedavg["peak_mb"]) >= set(SITES) and all(fedavg["peak_mb"][s] > 100 for s in SITES)
-    assert len(fedavg["curve"]) == 2 and fedavg["curve"][1] > fedavg["curve"][0]  # it learned
+    assert len(fedavg["curve"]) == 3 and fedavg["curve"][2] > fedavg["curve"][0]  # it learned (the last: the final model)
     dice = {s: fedavg["scores"]["sites"][s]["dice"] for s in SITES}
     assert fedavg["scores"]["client_average"]["dice"] == pytest.approx(sum(dice.values()) / 2)
     assert local["traffic"] is None and local["scores"]["client_average"]["dice"] > 0.2
@@ -52,7 +53,8 @@ def test_report_counts_what_fedavg_sends_and_scores_it_like_evaluate(tmp_path, c
     report = (out / "REPORT.md").read_text()
     assert f"| FedAvg | 0 | {100 * dice['site-1']:.2f} | {100 * dice['site-3']:.2f} |" in report
     every = egress["per_site_round"]
-    assert f"| {model_bytes / 1e3:.1f} kB | {every / 1e3:.1f} kB | {model_bytes / 1e3:.1f} kB |" in report, report
+    up = 2 * model_bytes / 3  # per round of the job: 2 training rounds, then 1 that sends the final model's scores only
+    assert f"| {up / 1e3:.1f} kB | {every / 1e3:.1f} kB | {model_bytes / 1e3:.1f} kB |" in report, report
     assert "WEIGHT_DIFF" in report and "analytics: scalar" in report
     assert (out / "seg.png").is_file() and "fedavg" in (out / "report.csv").read_text()
 

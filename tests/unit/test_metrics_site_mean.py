@@ -1,7 +1,7 @@
-"""The site rule for class means (medflare.metrics.site_mean): a class in no prediction and no label of any case
-is left out (a 3-class preset on binary masks must not score class 2 as a perfect 1.0), a class present somewhere
-keeps the per-case empty-mask conventions, `medflare evaluate` warns about classes the labels never hold, and
-classification is untouched. Hand-computed on 4x4 maps."""
+"""The site rule for class means (medflare.metrics.site_mean): a class in no label of any case is left out whatever
+the predictions (a 3-class preset on binary masks must not score class 2 as a perfect 1.0, nor let stray class-2
+pixels move the key metric), a class some label holds keeps the per-case empty-mask conventions, `medflare evaluate`
+warns about classes the labels never hold, and classification is untouched. Hand-computed on 4x4 maps."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import torch
 from medflare import DataError
 from medflare.cli import main
 from medflare.common.persistence import model_from_preset
+from medflare.common.report import metric_header
 from medflare.common.results import describe
 from medflare.metrics import dice, evaluate
 from medflare.metrics.site_mean import site_mean
@@ -37,28 +38,46 @@ def _run(pred, target, metrics=("dice", "dice_c1", "dice_c2", "hd95", "sensitivi
     return evaluate(None, loader, task="segmentation", num_classes=3, metrics=list(metrics), predict=lambda x: x.long())
 
 
-def test_a_class_in_no_prediction_and_no_label_is_left_out_of_the_mean():
+def test_a_class_in_no_label_is_left_out_of_the_mean():
     res = _run(_maps(P0, P1), _maps(T0, T1))
     assert res["mean"]["dice"] == pytest.approx((6 / 7 + 1) / 2)  # the class-1 Dice; inflated it was (6/7 + 1 + 1 + 1) / 4
     assert res["mean"]["dice"] == pytest.approx(res["mean"]["dice_c1"])
     assert [c["dice"] for c in res["per_case"]] == pytest.approx([6 / 7, 1.0])
     assert math.isnan(res["mean"]["dice_c2"]) and all(math.isnan(c["dice_c2"]) for c in res["per_case"])
     assert res["per_class"]["dice"][1] == pytest.approx((6 / 7 + 1) / 2) and math.isnan(res["per_class"]["dice"][2])
-    assert res["absent_classes"] == [2] and res["unseen_classes"] == [2]
+    assert res["unseen_classes"] == [2]
     assert res["mean"]["sensitivity"] == pytest.approx((0.75 + 1) / 2) and res["nan_count"]["sensitivity"] == 0
     assert res["nan_count"]["hd95"] == 0  # class 2's nan HD95 no longer counts against every case
 
 
-def test_a_class_present_somewhere_keeps_the_per_case_convention():
-    # case a predicts one class-2 pixel that no label holds: class 2 counts at this site, Dice 0 in case a and
-    # the empty-empty 1 in case b (MONAI/nnU-Net convention); it is still never seen in the labels
+def test_a_stray_prediction_of_a_class_no_label_holds_changes_nothing():
+    # issue 32: case a predicts one class-2 pixel that no label holds. The rule before counted class 2 at the site
+    # then (Dice 0 in case a, the empty-empty 1 in case b: a mean of ((6/7)/2 + 1) / 2 here, and above the class-1
+    # Dice where few cases stray), so a few stray pixels moved the key metric that picks the best model
     p0 = [row[:] for row in P0]
     p0[3][3] = 2
     res = _run(_maps(p0, P1), _maps(T0, T1))
+    clean = _run(_maps(P0, P1), _maps(T0, T1))
+    assert res["mean"]["dice"] == pytest.approx(clean["mean"]["dice"]) == pytest.approx((6 / 7 + 1) / 2)
+    assert [c["dice"] for c in res["per_case"]] == pytest.approx([6 / 7, 1.0])
+    assert math.isnan(res["mean"]["dice_c2"]) and res["unseen_classes"] == [2]
+
+
+def test_a_label_map_missing_a_class_keeps_the_per_case_convention():
+    # class 2 is in case b's label only: it counts at the site; case a (class 2 in neither map) scores the
+    # empty-empty 1 for it, and a class-2 pixel predicted in case a (its label lacks class 2) scores 0
+    t1 = [row[:] for row in T1]
+    t1[0] = [2, 2, 0, 0]
+    p1 = [row[:] for row in P1]
+    p1[0] = [2, 2, 0, 0]
+    res = _run(_maps(P0, p1), _maps(T0, t1))
+    assert [c["dice_c2"] for c in res["per_case"]] == [1.0, 1.0]
+    assert [c["dice"] for c in res["per_case"]] == pytest.approx([(6 / 7 + 1) / 2, 1.0])
+    p0 = [row[:] for row in P0]
+    p0[3][3] = 2
+    res = _run(_maps(p0, p1), _maps(T0, t1))
     assert [c["dice_c2"] for c in res["per_case"]] == [0.0, 1.0]
-    assert [c["dice"] for c in res["per_case"]] == pytest.approx([(6 / 7 + 0) / 2, (1 + 1) / 2])
-    assert res["mean"]["dice"] == pytest.approx(((6 / 7) / 2 + 1) / 2)
-    assert res["absent_classes"] == [] and res["unseen_classes"] == [2]
+    assert res["mean"]["dice"] == pytest.approx(((6 / 7 + 0) / 2 + 1) / 2) and res["unseen_classes"] == []
 
 
 def test_per_case_values_are_the_metric_functions_where_every_class_occurs():
@@ -66,7 +85,7 @@ def test_per_case_values_are_the_metric_functions_where_every_class_occurs():
     res = _run(pred, target, ("dice", "dice_c2"))
     d = dice(pred, target, num_classes=3)
     assert [c["dice"] for c in res["per_case"]] == pytest.approx(d.mean(1).tolist())
-    assert res["absent_classes"] == [] and res["unseen_classes"] == []
+    assert res["unseen_classes"] == []
 
 
 def test_site_mean_by_hand():
@@ -115,9 +134,9 @@ def test_evaluate_a_3_class_preset_on_binary_masks_warns_and_shows_class_2_absen
     site = json.loads(out.read_text())["evaluations"][0]["sites"][str(datalist)]
     c1 = site["per_class"]["dice"]["1"]
     assert site["mean"]["dice"] == pytest.approx(c1) and c1 < 0.99  # the class-1 Dice, not (c1 + 1) / 2
-    assert math.isnan(site["per_class"]["dice"]["2"]) and site["absent_classes"] == [2]
+    assert math.isnan(site["per_class"]["dice"]["2"]) and site["unseen_classes"] == [2]
     assert f"warning: site '{datalist}': the preset has num_classes=3 but class(es) 2 never occur" in printed
-    assert "| site | dice_c1 | dice_c2 |" in printed
+    assert f"| site | {metric_header('dice_c1')} | {metric_header('dice_c2')} |" in printed  # headers carry the unit
     assert [line for line in printed.splitlines() if line.startswith(f"| {datalist} |") and line.endswith(" | - |")]
 
 
@@ -148,5 +167,4 @@ def test_site_validation_uses_the_rule_and_warns_once_per_split(caplog):
     assert first["dice"] == pytest.approx(float(ref.mean())) and again == first
     warnings = [r.getMessage() for r in caplog.records if "never occur in its labels" in r.getMessage()]
     assert warnings == ["warning: site 'site-1' (val split): the preset has num_classes=3 but class(es) 2 never occur in its "
-                        "labels (3 cases); check data.num_classes (where no prediction has them either, they are left out "
-                        "of the class means and shown as '-')"]
+                        "labels (3 cases); check data.num_classes (they are left out of the class means and shown as '-')"]

@@ -16,6 +16,14 @@ refuses the result) before FLARE's own aggregation helpers see it, the sums run 
 checked finite before anything is saved or sent (:func:`~medflare.common.aggregation.cast_back`). FedAvg's in-time
 aggregation therefore keeps a round's results until the round ends (the bound needs every report of the round),
 as FLARE's Scaffold always does.
+
+And they let the best-model selector judge the final model (issue 32). A site scores the global model it receives
+before it trains, so FLARE's ``IntimeModelSelector``, which decides at round r's BEFORE_AGGREGATION, judges the
+model sent in round r (the aggregate of round r-1) and the persistor saves exactly that one (``GLOBAL_MODEL`` is
+still it then: measured, jobs/fedavg/README.md); but the aggregate of the last round is never sent, so never scored,
+and ``best_FL_global_model.pt`` could never be ``FL_global_model.pt``. After the last round these workflows run one
+more round that trains nothing (:meth:`_Resilient.validate_final`, task ``validate_task``): every site scores the
+final model, and the selector judges it like the others.
 """
 
 from __future__ import annotations
@@ -24,12 +32,15 @@ import threading
 from typing import Any, List
 
 from nvflare.apis.fl_constant import FLMetaKey
-from nvflare.app_common.abstract.fl_model import FLModel
-from nvflare.app_common.app_constant import AlgorithmConstants
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.abstract.model import ModelLearnableKey
+from nvflare.app_common.app_constant import AlgorithmConstants, AppConstants
+from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.fedavg import FedAvg
 from nvflare.app_common.workflows.scaffold import Scaffold
 
 from medflare import PayloadError
+from medflare.baselines.protocol import TASK_VALIDATE
 from medflare.common.aggregation import as_float64, cast_back, check_finite_params
 from medflare.checks import check_int
 from medflare.common.component import keep_args
@@ -55,17 +66,21 @@ def _dtypes_of(results: List[FLModel], key: str | None = None) -> dict:
 
 class _Resilient:
     """Mixin over a FLARE workflow: ``ignore_result_error=True``, ``min_responses`` (default 1) and ``task_timeout`` per
-    round, bounded weights, float64 aggregation and finite checks (see the module docstring), and one summary line per
-    round with the federation curve of ``key_metric`` (:mod:`medflare.common.summary`; "" = none)."""
+    round, bounded weights, float64 aggregation and finite checks (see the module docstring), one summary line per
+    round with the federation curve of ``key_metric`` (:mod:`medflare.common.summary`; "" = none), and a last round in
+    which the sites score the final model for the best-model selector (``validate_task``, default "validate"; "" =
+    none, FLARE's behaviour: the best file is then never the final model)."""
 
-    def __init__(self, *args: Any, min_responses: int = 1, task_timeout: int = 3600, key_metric: str = "", **kwargs: Any):
+    def __init__(self, *args: Any, min_responses: int = 1, task_timeout: int = 3600, key_metric: str = "",
+                 validate_task: str = TASK_VALIDATE, **kwargs: Any):
         kwargs["ignore_result_error"] = True
         super().__init__(*args, **kwargs)
         name = type(self).__name__
         check_int(name, "min_responses", min_responses, 1)
         check_int(name, "task_timeout", task_timeout, 0)
         check_int(name, "num_rounds", self.num_rounds, 1)  # FLARE's FedAvg ran 0 rounds and ended rc 0 with no model
-        keep_args(self, min_responses=min_responses, task_timeout=task_timeout, key_metric=key_metric)
+        keep_args(self, min_responses=min_responses, task_timeout=task_timeout, key_metric=key_metric,
+                  validate_task=validate_task)
         self._missing = MissingSites()
         self._asked: list[str] = []
         self._bound = SiteWeights(what=f"{name} 'train'")
@@ -105,6 +120,35 @@ class _Resilient:
             missing = sorted(set(self._asked) - set(answered))
             raise PayloadError(f"{type(self).__name__} round {self.current_round}: {len(answered)} of {len(self._asked)} sites "
                                f"answered, min_responses={self.min_responses}; missing: {self._missing.describe(missing)}")
+
+    # ---- the final model judged like the others -------------------------------------------------------
+    def run(self) -> None:
+        super().run()
+        if self.validate_task and not self.abort_signal.triggered:
+            self.validate_final()
+
+    def validate_final(self) -> None:
+        """One more round that trains nothing: the sites score the final global model (task ``validate_task``) and
+        BEFORE_AGGREGATION lets FLARE's IntimeModelSelector judge it, with ``GLOBAL_MODEL`` (what the persistor saves
+        as the best model) the model scored, as in every training round."""
+        learnable = self.fl_ctx.get_prop(AppConstants.GLOBAL_MODEL)
+        if not learnable or not learnable.get(ModelLearnableKey.WEIGHTS):
+            return
+        rnd = self.start_round + self.num_rounds
+        self.current_round = rnd
+        self.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, rnd, private=True, sticky=False)
+        self.event(AppEventType.ROUND_STARTED)
+        final = FLModel(params_type=ParamsType.FULL, params=learnable[ModelLearnableKey.WEIGHTS], current_round=rnd,
+                        total_rounds=rnd + 1, start_round=self.start_round)
+        results = self.send_model_and_wait(task_name=self.validate_task, data=final,
+                                           targets=self.sample_clients(self.num_clients), timeout=self.task_timeout)
+        answered = sorted(_site(r) for r in results)
+        self.info(f"round {rnd} (validation only): the final model scored by {answered}")
+        if len(answered) < self.min_responses:
+            missing = sorted(set(self._asked) - set(answered))
+            self.warning(f"round {rnd}: {len(answered)} of {len(self._asked)} sites scored the final model; missing: "
+                         f"{self._missing.describe(missing)}; the best model is judged on those that answered")
+        self.event(AppEventType.BEFORE_AGGREGATION)
 
     # ---- weights the server stands behind, sums that cannot overflow ---------------------------------
     def bounded(self, results: List[FLModel]) -> List[FLModel]:

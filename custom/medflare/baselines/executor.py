@@ -15,7 +15,7 @@ from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 from medflare import ConfigError
 from medflare.baselines.config import FedProxConfig
 from medflare.baselines.corrections import ScaffoldState, fedprox_term
-from medflare.baselines.protocol import TASK_TRAIN, UPDATE
+from medflare.baselines.protocol import TASK_TRAIN, TASK_VALIDATE, UPDATE
 from medflare.common.component import keep_args
 from medflare.common.egress import site_reply
 from medflare.common.payload import check_finite, load_numpy_state, state_to_numpy, weight_diff
@@ -29,7 +29,8 @@ class SupervisedExecutor(SiteExecutor):
 
     Each "train" task: load the received global model, score it on the site's validation split (reported
     to the server as the round's metrics and to TensorBoard), train ``train.epochs`` local epochs, and
-    return the update as a WEIGHT_DIFF so that FLARE's privacy filters apply. The site's weight in the
+    return the update as a WEIGHT_DIFF so that FLARE's privacy filters apply. The "validate" task (once, after the
+    last round) only scores the received model, so that the best-model selector judges the final model too. The site's weight in the
     average is its number of training cases (FLMetaKey.NUM_STEPS_CURRENT_ROUND), as in FedAvg.
 
     The reply's parts (the job's manifest declares them): ``update`` (WEIGHT_DIFF), the scores as
@@ -47,6 +48,7 @@ class SupervisedExecutor(SiteExecutor):
         super().__init__(*args, **kwargs)
         keep_args(self, train_task=train_task)
         self.register_task(train_task, self.train)
+        self.register_task(TASK_VALIDATE, self.validate_global)
         self.model = None
         self.optimizer = None
         self.scaffold: ScaffoldState | None = None
@@ -59,16 +61,25 @@ class SupervisedExecutor(SiteExecutor):
         self.optimizer = make_optimizer(train["optimizer"], self.model.parameters(), train["lr"])
         self.loss_fn = make_loss(train["loss"], self.data.task)
 
-    def train(self, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
+    def _score_received(self, shareable: Shareable, fl_ctx: FLContext):
+        """Load the received global model and score it on the validation split (TensorBoard, log); returns (its FLModel, round, scores)."""
         incoming = FLModelUtils.from_shareable(shareable)
         rnd = int(incoming.current_round or 0)
         load_numpy_state(self.model, incoming.params)
-        sent = state_to_numpy(self.model)
-
         metrics = self.validate(self.model, round_num=rnd, total_rounds=incoming.total_rounds)
         self.tracker.scalars(fl_ctx, metrics, rnd, prefix="val_global/")
         self.log_overlays(fl_ctx, self.model, "val_global", rnd, incoming.total_rounds)
         self.log_info(fl_ctx, f"round {rnd}: global model on '{self.site}' validation: {format_metrics(metrics)}")
+        return incoming, rnd, metrics
+
+    def validate_global(self, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
+        """The "validate" task: the received (final) global model's scores, as the METRICS part a "train" reply lifts."""
+        _, rnd, metrics = self._score_received(shareable, fl_ctx)
+        return site_reply({}, lift={MetaKey.INITIAL_METRICS: DXO(DataKind.METRICS, data=dict(metrics))}, rnd=rnd)
+
+    def train(self, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
+        incoming, rnd, metrics = self._score_received(shareable, fl_ctx)
+        sent = state_to_numpy(self.model)
 
         train = self.cfg["train"]
         meta = incoming.meta or {}

@@ -1,5 +1,6 @@
 """Recipes of the baseline jobs (jobs/fedavg, jobs/fedprox, jobs/scaffold): FLARE's FedAvg / Scaffold workflows,
-the preset's network as initial model, FLARE's IntimeModelSelector for the best model, our SupervisedExecutor.
+the preset's network as initial model, FLARE's IntimeModelSelector for the best model (the final model judged too:
+one last round that only validates), our SupervisedExecutor.
 
 The workflows (:mod:`medflare.baselines.controller`) run with ``ignore_result_error=True``: a site whose result failed
 or was refused by the server's update guard (:mod:`medflare.common.result_guard`) is left out of that round's
@@ -59,7 +60,7 @@ class _BaselineRecipe(JobRecipe):
             workflow=workflow,
             workflow_id=self.job_name,
             executor=SupervisedExecutor(preset=preset, overrides=overrides, device=device, seed=seed),
-            tasks=[P.TASK_TRAIN],
+            tasks=[P.TASK_TRAIN, P.TASK_VALIDATE],
             manifest=P.manifest(scaffold=self.sends_controls),
             preset=preset,
             overrides=overrides,

@@ -68,7 +68,7 @@ def metrics_table(table: Mapping[str, Any], counts: Mapping[str, int] | None = N
 
 def per_class_table(per_site: Mapping[str, Mapping[str, Any]]) -> str:
     """Each site's per-class means (``evaluate()["per_class"]``) as markdown, one column per metric and class;
-    "-" where the class is absent at the site (in no prediction and no label: left out of its class mean)."""
+    "-" where the class is absent at the site (in no label: left out of its class mean)."""
     columns = sorted({(base, int(k)) for r in per_site.values() for base, classes in r.get("per_class", {}).items() for k in classes})
     names = [f"{base}_c{k}" for base, k in columns]
     lines = ["| site | " + " | ".join(map(metric_header, names)) + " |", "|" + "---|" * (len(names) + 1)]

@@ -223,7 +223,7 @@ class SiteExecutor(Executor):
         AJI, object Dice) are computed only every ``eval.costly_every`` rounds and in the last one
         (:func:`medflare.metrics.metrics_for_round`); without it, all of them. Volume presets are scored per
         volume (``SiteData.whole_volumes``): slice predictions stacked back into the volume, or sliding windows
-        for 3D models; distances in mm. Class means leave out classes in no prediction and no label of the
+        for 3D models; distances in mm. Class means leave out classes in no label of the
         split (:mod:`medflare.metrics.site_mean`), the rule of ``medflare evaluate``; foreground classes that no
         label of the split holds are logged once per split as a warning (the preset may have too many classes).
         """

@@ -35,7 +35,7 @@ CaseScorer = Callable[[Mapping[str, Any], torch.Tensor], torch.Tensor]
 def case_scorer(task: str, num_classes: int, metric: str, device: torch.device | str) -> CaseScorer:
     """Per-case ``metric`` of a batch's logits, computed by :func:`medflare.metrics.evaluate` (one home for metrics).
 
-    A class-averaged metric ("dice") comes back per class with where each class is in the prediction or label,
+    A class-averaged metric ("dice") comes back per class with where each class is in the case's label,
     (B, 2, num_classes-1), because whether a class counts in the site's mean depends on every case of the split
     (:func:`medflare.metrics.site_mean`); any other metric as (B, 2, 1) with presence 1.
     """
@@ -104,7 +104,7 @@ def summarize(
 ) -> dict[str, float]:
     """The metrics of the module docstring from per-case scores and selector outputs.
 
-    The site means reduce through :func:`site_score` (a class in no case's prediction or label is left out, as in
+    The site means reduce through :func:`site_score` (a class in no case's label is left out, as in
     every evaluation); a super model's case takes the routed model's per-class scores and presence.
     ``case_scores`` holds (N,) or (N, 2, K) (:func:`case_scorer`) per-case scores of the global model (``global_name``), this site's personalised
     model (``own_name``) and, when ``person_names`` is given, every site's personalised model in site order.

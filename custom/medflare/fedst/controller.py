@@ -8,7 +8,9 @@ Each round (after the generator phase described per class below) every site, all
 2. ``train``: receives the global segmentation model, reports its validation metrics (Dice, VI, MPA), trains
    with Eq. 3 and returns the weight diff; the server averages the diffs weighted by the sites' training cases.
 
-After the last round a ``validate`` task scores the final model on every site's validation and test split.
+After the last round a ``validate`` task scores the final model on every site's validation and test split; its
+validation score competes for the best file like every round's (before issue 32 it did not, so the best file
+could never be the final model).
 Every round the persistor saves the style store / join generator with the segmentation model; when the sites'
 mean validation key metric of the model sent that round is the best so far, the workflow publishes it as
 ``GLOBAL_MODEL`` and fires FLARE's ``GLOBAL_BEST_MODEL_AVAILABLE`` (what ``IntimeModelSelector`` does for
@@ -203,7 +205,10 @@ class FedSTController(SiteRounds):
             names = sorted(set.intersection(*(set(results[s].metrics or {}) for s in order)))
             final = {k: float(np.average([results[s].metrics[k] for s in order], weights=weights)) for k in names}
             self.info("final segmentation model, mean over sites: " + ", ".join(f"{k}={v:.4f}" for k, v in final.items()))
-            self.save_model(self._model(final, rnd))
+            model = self._model(final, rnd)
+            if self.offer_best(final.get(self.key_metric, -np.inf), model):  # judged like every round's (issue 32)
+                self.info(f"the final model is the best (mean validation {self.key_metric} {self.best_value:.4f})")
+            self.save_model(model)
             self.report_round(rnd, self.rounds_in_job + 1, self.key_metric, {s: results[s].metrics or {} for s in order})
         self._write_ledger()
 

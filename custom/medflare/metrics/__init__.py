@@ -2,7 +2,7 @@
 
 Segmentation metrics take integer label maps (B, 1, H, W[, D]) and return per-case values; the
 conventions for empty masks are documented in :mod:`medflare.metrics.segmentation`, the reduction of per-class
-values to a site's class mean (classes in no prediction and no label of the site left out) in
+values to a site's class mean (classes in no label of the site left out) in
 :mod:`medflare.metrics.site_mean`.
 """
 
@@ -28,7 +28,7 @@ from medflare.metrics.segmentation import (
     surface_dice,
     variation_of_information,
 )
-from medflare.metrics.site_mean import SiteMean, class_presence, site_mean, unseen_classes_warning
+from medflare.metrics.site_mean import SiteMean, label_classes, site_mean, unseen_classes_warning
 from medflare.metrics.visualize import PALETTE, image_grid, overlay_image
 
 __all__ = [
@@ -41,11 +41,11 @@ __all__ = [
     "accuracy",
     "aggregated_jaccard_index",
     "check_label_maps",
-    "class_presence",
     "dice",
     "evaluate",
     "hd95",
     "image_grid",
+    "label_classes",
     "logits_to_label_map",
     "mean_pixel_accuracy",
     "metrics_for_round",

@@ -19,7 +19,7 @@ from medflare.metrics.segmentation import (
     surface_tolerance,
     variation_of_information,
 )
-from medflare.metrics.site_mean import class_presence, site_mean
+from medflare.metrics.site_mean import label_classes, site_mean
 
 __all__ = ["COSTLY_METRICS", "SEGMENTATION_METRICS", "CLASSIFICATION_METRICS", "TASKS", "evaluate", "logits_to_label_map",
            "metrics_for_round"]
@@ -108,9 +108,9 @@ def _case_names(batch: Mapping[str, Any], size: int, start: int) -> list[str]:
 
 
 def _segmentation_scores(pred: torch.Tensor, target: torch.Tensor, num_classes: int, metrics: Sequence[str],
-                         spacing=None) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+                         spacing=None) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], torch.Tensor]:
     """Scores of one batch of checked label maps (B,1,...): B dicts of the metrics that are not per class,
-    ``{base: (B, num_classes-1)}`` per-class values (on the CPU) and :func:`class_presence` of the batch.
+    ``{base: (B, num_classes-1)}`` per-class values (on the CPU) and :func:`label_classes` of the batch.
 
     The per-class metrics are reduced to per-case and site means only once the whole site is scored
     (:func:`medflare.metrics.site_mean.site_mean`: whether a class counts depends on every case). The per-class
@@ -139,7 +139,7 @@ def _segmentation_scores(pred: torch.Tensor, target: torch.Tensor, num_classes: 
                 if instances is None:
                     instances = to_instances(pred_cpu[b, 0].numpy()), to_instances(target_cpu[b, 0].numpy())
                 rows[b][name] = instance_metrics[name](*instances)
-    return rows, per_class, class_presence(pred, target, num_classes)
+    return rows, per_class, label_classes(target, num_classes)
 
 
 def _class_bases(metrics: Sequence[str]) -> list[str]:
@@ -205,9 +205,9 @@ def evaluate(
     case) or else the batch's ``"spacing"`` entry ((B, dims), as volume datasets give it); in pixels otherwise.
     Unknown names, tasks or shapes raise MedflareError.
 
-    Class means follow :mod:`medflare.metrics.site_mean`: a foreground class in no prediction and no label of
-    any case of ``loader`` is left out of "<name>" (every case) and its "<name>_c<k>" is nan; a class present
-    somewhere keeps the per-case empty-mask conventions. So score a whole site in one call: the rule needs every case.
+    Class means follow :mod:`medflare.metrics.site_mean`: a foreground class in no label of any case of
+    ``loader`` is left out of "<name>" (every case), whatever the predictions, and its "<name>_c<k>" is nan; a
+    class some label holds keeps the per-case empty-mask conventions. So score a whole site in one call: the rule needs every case.
     A label value outside [0, num_classes) raises DataError naming the case.
 
     Returns:
@@ -215,10 +215,10 @@ def evaluate(
         "nan_count": {name: int}, "num_cases": int}``; means are nan-means over cases, and
         ``nan_count`` says how many cases were nan (e.g. HD95 with an empty mask). Segmentation adds
         ``"per_class": {base: {k: site mean of class k, nan when absent}}`` for every per-class metric asked
-        (e.g. "dice" or "dice_c1" -> base "dice"), ``"absent_classes"`` (left out: in no prediction and no
-        label) and ``"unseen_classes"`` (in no label: the preset may have more classes than the data); with
-        ``keep_class_values`` also ``"class_values": {base: (N, num_classes-1) tensor}`` and ``"present"``
-        ((N, num_classes-1) bool) for callers that reduce mixtures of models themselves (FedSM).
+        (e.g. "dice" or "dice_c1" -> base "dice") and ``"unseen_classes"`` (in no label, so left out of the class
+        means: the preset may have more classes than the data); with ``keep_class_values`` also ``"class_values":
+        {base: (N, num_classes-1) tensor}`` and ``"present"`` ((N, num_classes-1) bool: the case's label holds the
+        class) for callers that reduce mixtures of models themselves (FedSM).
     """
     if task not in TASKS:
         raise MedflareError(f"unknown task '{task}' (known: {sorted(TASKS)})")
@@ -233,8 +233,7 @@ def evaluate(
     was_training = model.training if model is not None else None
     per_case: list[dict[str, Any]] = []
     class_values: dict[str, list[torch.Tensor]] = {}  # segmentation: {base metric: [(B, num_classes-1) per batch]}
-    present: list[torch.Tensor] = []  # per batch (B, num_classes-1): class in prediction or label
-    seen: list[torch.Tensor] = []  # per batch (B, num_classes-1): class in label
+    present: list[torch.Tensor] = []  # per batch (B, num_classes-1): class in the case's label
     try:
         if model is not None:
             model.eval()
@@ -252,11 +251,10 @@ def evaluate(
                     pred = logits_to_label_map(output, num_classes)
                     pred, label = check_label_maps(pred, label, num_classes, device=pred.device, case_names=names)
                     case_spacing = spacing if spacing is not None else batch.get("spacing")
-                    rows, batch_values, (batch_present, batch_seen) = _segmentation_scores(pred, label, num_classes, metrics, case_spacing)
+                    rows, batch_values, batch_present = _segmentation_scores(pred, label, num_classes, metrics, case_spacing)
                     for base, v in batch_values.items():
                         class_values.setdefault(base, []).append(v)
                     present.append(batch_present)
-                    seen.append(batch_seen)
                 else:
                     pred = to_class_labels(output).cpu()
                     label = label.reshape(-1).long().cpu()
@@ -279,10 +277,8 @@ def evaluate(
     out = {"mean": mean, "per_case": per_case, "nan_count": nan_count, "num_cases": len(per_case)}
     if task == "segmentation":
         where = torch.cat(present) if present else torch.zeros(0, num_classes - 1, dtype=torch.bool)
-        in_label = torch.cat(seen).any(0) if seen else torch.zeros(num_classes - 1, dtype=torch.bool)
         out["per_class"] = per_class
-        out["absent_classes"] = [k + 1 for k in range(num_classes - 1) if not bool(where[:, k].any())]
-        out["unseen_classes"] = [k + 1 for k in range(num_classes - 1) if not bool(in_label[k])]
+        out["unseen_classes"] = [k + 1 for k in range(num_classes - 1) if not bool(where[:, k].any())]
         if keep_class_values:
             out["class_values"] = {base: torch.cat(parts) for base, parts in class_values.items()}
             out["present"] = where

@@ -1,17 +1,22 @@
 """One home for reducing per-case, per-class scores to a site's mean (every job, the CLI and the benchmarks).
 
 The rule, and why:
-    * A foreground class absent from BOTH the prediction and the ground truth in EVERY case of a site is
-      left out of the site's class average and reported as absent (its per-class mean is nan, shown as "-").
-      Nothing can be learnt about such a class at that site; counting MONAI's empty-empty Dice of 1 for it in
-      every case would inflate the mean (a 3-class preset on binary masks scored class 2 as a perfect 1.0).
-    * A class present somewhere at the site (in a label or a prediction of at least one case) keeps the
-      per-case conventions of :mod:`medflare.metrics.segmentation` in every case, also where that case has it
-      in neither map: Dice 1 for empty-empty (nnU-Net's and MONAI's ``ignore_empty=False`` choice: predicting
-      nothing where there is nothing is right, and dropping those cases would reward a model that paints the
-      class everywhere it is not sure), nan for HD95/sensitivity where undefined.
+    * A foreground class that no LABEL of the site's cases holds is left out of the site's class average,
+      whatever the model predicts, and reported as absent (its per-class mean is nan, shown as "-"). Nothing can
+      be learnt about such a class at that site (a 3-class preset on binary brain masks, a label map missing a
+      class). The rule before issue 32 also kept such a class when any PREDICTION held it: the key metric then
+      jumped with a few stray pixels (the class counted with Dice 1 in every empty-empty case and 0 where a pixel
+      strayed), and best-model selection picked the round whose stray pixels paid best: on binary masks under a
+      3-class preset the FedAvg model after 6 rounds scored 0.940 against its class-1 Dice of 0.927 and beat the
+      better model after 7 rounds (0.931; jobs/fedavg/README.md, "Which model is the best").
+    * A class that some label of the site holds keeps the per-case conventions of
+      :mod:`medflare.metrics.segmentation` in every case, also where that case has it in neither map: Dice 1 for
+      empty-empty (MONAI's ``ignore_empty=False``) and 0 for a prediction where the label is empty, nan for
+      HD95/sensitivity where undefined. MONAI's ``ignore_empty=True`` (a case whose label lacks the class does not
+      count for it) was measured to pick the same rounds where every case holds every present class, and is not
+      used: it stops charging a model for painting the class in cases that have none.
     * The site mean of a metric is the nan-mean over cases of each case's nan-mean over the kept classes (a
-      case averages its classes first, as before, so a site without absent classes scores as it always did);
+      case averages its classes first, so a site whose labels hold every class scores as it always did);
       ``nan_count`` counts the cases whose value is nan.
 
 A site's training-time validation, FedSM's model scores and ``medflare evaluate`` all reduce through
@@ -25,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SiteMean", "class_presence", "site_mean", "unseen_classes_warning"]
+__all__ = ["SiteMean", "label_classes", "site_mean", "unseen_classes_warning"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,7 @@ class SiteMean:
 
     ``per_case``: (N,) each case's mean over the kept classes; ``mean``/``nan_count``: over cases;
     ``per_class``: {foreground class k (1-based): mean over cases, nan when absent}; ``absent``: the
-    classes left out (in no prediction and no label of any case).
+    classes left out (in no label of any case).
     """
 
     per_case: torch.Tensor
@@ -44,19 +49,16 @@ class SiteMean:
     absent: list[int]
 
 
-def class_presence(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per case and foreground class of two (B, 1, ...) label maps: (in prediction or label, in label), each (B, num_classes-1) bool on the CPU."""
-    classes = torch.arange(1, num_classes, device=pred.device)
-    p = torch.stack([(pred == k).flatten(1).any(1) for k in classes], 1)
-    t = torch.stack([(target == k).flatten(1).any(1) for k in classes], 1)
-    return (p | t).cpu(), t.cpu()
+def label_classes(target: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Per case and foreground class of (B, 1, ...) label maps: whether the label holds the class, (B, num_classes-1) bool on the CPU."""
+    return torch.stack([(target == k).flatten(1).any(1) for k in range(1, num_classes)], 1).cpu()
 
 
 def site_mean(values: torch.Tensor, present: torch.Tensor | None = None) -> SiteMean:
     """Reduce per-case, per-class ``values`` (N, K) of one site, class k+1 in column k, by the module's rule.
 
-    ``present`` (N, K) bool says where a case has the class in its prediction or label
-    (:func:`class_presence`); None counts every class as present (e.g. an already per-case metric, K = 1).
+    ``present`` (N, K) bool says where a case's label holds the class (:func:`label_classes`); a class in no
+    case's label is left out. None counts every class as present (e.g. an already per-case metric, K = 1).
     """
     values = torch.as_tensor(values, dtype=torch.float64).cpu()
     if values.ndim == 1:
@@ -79,5 +81,5 @@ def unseen_classes_warning(site: str, num_classes: int, unseen: list[int], num_c
         return None
     where = f" ({split} split)" if split else ""
     return (f"warning: site '{site}'{where}: the preset has num_classes={num_classes} but class(es) {', '.join(map(str, unseen))} "
-            f"never occur in its labels ({num_cases} cases); check data.num_classes (where no prediction has them either, "
-            "they are left out of the class means and shown as '-')")
+            f"never occur in its labels ({num_cases} cases); check data.num_classes (they are left out of the class means "
+            "and shown as '-')")

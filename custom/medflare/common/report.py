@@ -2,12 +2,15 @@
 
 One unit everywhere a person reads a score: percent with two decimals, the unit said in the column header (``dice (%)``);
 distances (hd95, in the image's units: pixels, or mm for volumes) and variation of information (bits) keep their own
-units. Fractions are only in JSON (and TensorBoard's scalars)."""
+units. Fractions are only in JSON: TensorBoard's score scalars are percent too (:func:`is_percent_tag`, applied by
+:class:`medflare.common.tracking.SiteTracker` when it sends and undone by :func:`medflare.jobs.simulate.read_scalars`
+when a program reads them back, so code reads fractions everywhere)."""
 
 from __future__ import annotations
 
 import math
 import numbers
+import re
 from typing import Any, Mapping
 
 
@@ -85,25 +88,39 @@ OWN_UNITS = {"hd95": "px or mm", "vi": "bits"}
 _PLAIN = ("cases", "steps", "bytes", "images", "loss", "epsilon", "seconds", "time", "round", "count", "lr", "norm")
 
 
-def _own_unit(name: str) -> str | None:
+def own_unit(name: str) -> str | None:
+    """The unit of a metric not shown in percent (:data:`OWN_UNITS`), or None for a score."""
     return next((unit for prefix, unit in OWN_UNITS.items() if name.startswith(prefix)), None)
 
 
 def _is_score(name: str, value) -> bool:
     """A fraction to show as percent: a float score whose name is not a count, loss or distance."""
-    return (isinstance(value, float) and _own_unit(name) is None and not any(part in name for part in _PLAIN))
+    return (isinstance(value, float) and own_unit(name) is None and not any(part in name for part in _PLAIN))
+
+
+#: words of a score's name: an overlap, an agreement or a share of cases, a fraction of a whole
+SCORE_WORDS = frozenset({"dice", "accuracy", "acc", "mpa", "auc", "aji", "iou", "f1", "selected", "sensitivity",
+                         "specificity", "precision", "recall"})
+
+
+def is_percent_tag(tag: str) -> bool:
+    """Whether a TensorBoard scalar tag (``val_global/dice``, ``final/test_accuracy/site-1``,
+    ``federation/mean_own_or_global_dice``) holds a score, shown in percent: one of its ``/``- or ``_``-separated words
+    is a :data:`SCORE_WORDS` word and none names a count, loss, size or time."""
+    words = set(re.split(r"[/_]", tag.lower()))
+    return bool(words & SCORE_WORDS) and not words.intersection(_PLAIN)
 
 
 def metric_header(name: str) -> str:
     """A table column's header with its unit: ``dice (%)``, ``hd95 (px or mm)``, ``vi (bits)``."""
-    return f"{name} ({_own_unit(name) or '%'})"
+    return f"{name} ({own_unit(name) or '%'})"
 
 
 def format_cell(name: str, value) -> str:
     """A table cell: percent without the sign (the header says it), distances and bits with 3 decimals."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    return f"{value:.3f}" if _own_unit(name) else f"{100 * value:.2f}"
+    return f"{value:.3f}" if own_unit(name) else f"{100 * value:.2f}"
 
 
 def format_metric(name: str, value) -> str:
@@ -116,7 +133,7 @@ def format_metric(name: str, value) -> str:
     value = float(value)
     if math.isnan(value):
         return "-"
-    if _own_unit(name):
+    if own_unit(name):
         return f"{value:.3f}"
     return f"{100 * value:.2f} %" if _is_score(name, value) else f"{value:.4g}"
 

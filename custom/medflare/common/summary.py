@@ -3,7 +3,7 @@
 Every server workflow (FLARE's FedAvg / Scaffold in the baselines, :class:`medflare.common.workflow.SiteRounds` in the
 others) reports each round through :class:`RoundSummary`: the mean over sites (each site once) of the job's key metric,
 in percent, and the round's wall time, as one line on the logger :data:`ROUNDS_LOGGER`, and the same mean as the
-federation-level curve ``federation/mean_<key>`` (a fraction, as every scalar in TensorBoard) in the server's
+federation-level curve ``federation/mean_<key>`` (in percent, as every score in TensorBoard) in the server's
 TensorBoard. :class:`RunSummary`, a server component of every job (:class:`medflare.common.recipe.JobRecipe`), logs at
 the end of the run the result file's path and the ``medflare evaluate`` command that scores it (:data:`RESULT_LOGGER`).
 

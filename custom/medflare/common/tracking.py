@@ -28,6 +28,7 @@ from nvflare.apis.fl_component import FLComponent
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.utils.analytix_utils import create_analytic_dxo, send_analytic_dxo
 
+from medflare.common.report import is_percent_tag
 from medflare.common.site_config import setting
 
 #: the event a server component fires so that the job's TBAnalyticsReceiver (which listens to federated events) records it
@@ -83,11 +84,14 @@ class SiteTracker:
         self.policy = policy or (SERVER_POLICY if event_type == SERVER_EVENT_TYPE else StreamPolicy())
 
     def scalars(self, fl_ctx: FLContext, values: Mapping[str, float], step: int, prefix: str = "") -> None:
-        """Send each ``prefix + name`` -> value at ``step`` (the FL round)."""
+        """Send each ``prefix + name`` -> value at ``step`` (the FL round); scores (fractions, as the code holds them)
+        go in percent, the unit of every score a person reads (:func:`medflare.common.report.is_percent_tag`)."""
         event = self.event_type if self.policy.scalars else LOCAL_EVENT_TYPE
         for name, value in values.items():
             if isinstance(value, (int, float)) and np.isfinite(value):
-                self._send(fl_ctx, prefix + name, float(value), AnalyticsDataType.SCALAR, step, event)
+                tag = prefix + name
+                shown = 100.0 * float(value) if is_percent_tag(tag) else float(value)
+                self._send(fl_ctx, tag, shown, AnalyticsDataType.SCALAR, step, event)
 
     def image(self, fl_ctx: FLContext, tag: str, image: np.ndarray, step: int) -> None:
         """Send an image (uint8, shape (3,H,W), channels first as TensorBoard's add_image expects): to the server when

@@ -248,6 +248,7 @@ class FedSMExecutor(SiteExecutor):
         gamma = float(incoming.meta.get(P.GAMMA, 0.05))
         persons = self._all_person(models, sites, idx)
         metrics = self.score("val", models, idx, gamma, persons)
+        self.tracker.scalars(fl_ctx, metrics, rnd, prefix="val/")  # the validation curve's last point: the final model
         metrics.update({f"test_{k}": v for k, v in self.score("test", models, idx, gamma, persons).items()})
         self.tracker.scalars(fl_ctx, metrics, rnd, prefix="final/")
         self.log_info(fl_ctx, f"final super model on '{self.site}': {format_metrics(metrics)}")

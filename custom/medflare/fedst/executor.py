@@ -334,6 +334,7 @@ class SegmentationExecutor(FedSTSiteExecutor):
         incoming, meta, sites, rnd = _receive(shareable, self.site)
         self._load(incoming)
         metrics = self.validate(self.model, "val")
+        self.tracker.scalars(fl_ctx, metrics, rnd, prefix="val_global/")  # the validation curve's last point: the final model
         metrics.update({f"test_{k}": v for k, v in self.validate(self.model, "test").items()})
         self.tracker.scalars(fl_ctx, metrics, rnd, prefix="final/")
         self.log_info(fl_ctx, f"final segmentation model on '{self.site}': {format_metrics(metrics)}")

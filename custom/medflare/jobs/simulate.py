@@ -153,8 +153,11 @@ def run_simulator(
 
 
 def read_scalars(tb_root: str | os.PathLike) -> dict[str, dict[str, list[tuple[int, float]]]]:
-    """All scalar series under ``tb_root/<site>/`` as ``{site: {tag: [(step, value)]}}`` sorted by step."""
+    """All scalar series under ``tb_root/<site>/`` as ``{site: {tag: [(step, value)]}}`` sorted by step; scores back
+    as fractions (TensorBoard shows them in percent: :func:`medflare.common.report.is_percent_tag`)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from medflare.common.report import is_percent_tag
 
     out: dict[str, dict[str, list[tuple[int, float]]]] = {}
     root = Path(tb_root)
@@ -164,7 +167,8 @@ def read_scalars(tb_root: str | os.PathLike) -> dict[str, dict[str, list[tuple[i
         acc = EventAccumulator(str(site_dir), size_guidance={"scalars": 0, "images": 0})
         acc.Reload()
         out[site_dir.name] = {
-            tag: sorted((e.step, e.value) for e in acc.Scalars(tag)) for tag in acc.Tags().get("scalars", [])
+            tag: sorted((e.step, e.value / 100.0 if is_percent_tag(tag) else e.value) for e in acc.Scalars(tag))
+            for tag in acc.Tags().get("scalars", [])
         }
     return out
 

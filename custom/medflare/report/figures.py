@@ -1,4 +1,6 @@
-"""PNG figures of the report: the key metric against rounds and against bytes communicated, one line per method."""
+"""PNG figures of the report: the key metric against rounds and against bytes communicated, one line per method.
+
+Scores are drawn in percent, the unit of the report's tables (the records hold fractions, as every JSON does)."""
 
 from __future__ import annotations
 
@@ -30,16 +32,20 @@ def bytes_axis(record: Mapping[str, Any]) -> list[float]:
 
 
 def plot_task(records: Mapping[str, list[Mapping[str, Any]]], metric: str, title: str, path: Path) -> Path:
-    """Two panels: metric vs round and metric vs cumulative MB, first seed of every method."""
+    """Two panels: metric vs round and metric vs cumulative MB, first seed of every method (scores in percent)."""
     import matplotlib
+
+    from medflare.common.report import own_unit
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    unit = own_unit(metric) or "%"
+    scale = 100.0 if unit == "%" else 1.0
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for runs in records.values():
         r = runs[0]
-        curve = r.get("curve") or []
+        curve = [scale * v for v in r.get("curve") or []]
         if not curve:
             continue
         left.plot(curve_x(r), curve, marker="o", ms=3, label=r["label"])
@@ -49,7 +55,7 @@ def plot_task(records: Mapping[str, list[Mapping[str, Any]]], metric: str, title
     right.set_xlabel("MB communicated, all sites, up + down")
     right.set_xscale("symlog", linthresh=0.01)
     for ax in (left, right):
-        ax.set_ylabel(f"validation {metric} (mean over sites)")
+        ax.set_ylabel(f"validation {metric} ({unit}, mean over sites)")
         ax.grid(alpha=0.3)
     left.legend(fontsize=7)
     fig.suptitle(title)

@@ -29,6 +29,7 @@ from medflare.data import load_site
 from medflare.fedsm import protocol as P
 from medflare.fedsm.persistor import BEST_SUPER_MODEL_FILE, SUPER_MODEL_FILE
 from medflare.fedsm.results import load_super_model
+from medflare.fedsm.scoring import GAMMA_GRID
 from medflare.metrics import evaluate
 from medflare.jobs.customize import customize_job
 from medflare.jobs.simulate import run_simulator
@@ -37,6 +38,7 @@ pytestmark = pytest.mark.slow
 
 CLIENTS = ["site-1", "site-2", "site-3"]
 UNSEEN = ["site-4", "site-5"]  # families no training site has (noisy-small, dark-biased)
+GAMMA = 0.05  # the job's configured fedsm.gamma
 RECORDER = {"id": "recorder", "path": "medflare.testing.widgets.EventRecorder", "args": {}}
 
 
@@ -95,8 +97,8 @@ def test_fedsm_learns_and_flare_picks_the_best_super_model(repo, tmp_path):
     assert person > global_ + 0.03, final
     assert np.mean([final[s]["final/test_selector_acc"] for s in CLIENTS]) > 0.8, final
 
-    # `medflare evaluate` on the saved file: the super model at the job's gamma vs gamma 1 (= the global model alone)
-    sup, alone, beside = _evaluate(run.app_server / SUPER_MODEL_FILE, CLIENTS + UNSEEN, [sm.info["gamma"], 1.0], tmp_path / "e.json")
+    # `medflare evaluate` on the saved file: the super model at the job's configured gamma vs gamma 1 (= the global model)
+    sup, alone, beside = _evaluate(run.app_server / SUPER_MODEL_FILE, CLIENTS + UNSEEN, [GAMMA, 1.0], tmp_path / "e.json")
     assert all(alone["sites"][s]["report"]["global model"] == 1.0 for s in CLIENTS + UNSEEN)
     assert beside["label"] == "global model"  # scored beside the super model by default: the global model alone
     assert all(beside["sites"][s]["mean"]["dice"] == pytest.approx(alone["sites"][s]["mean"]["dice"]) for s in CLIENTS + UNSEEN)
@@ -106,6 +108,18 @@ def test_fedsm_learns_and_flare_picks_the_best_super_model(repo, tmp_path):
     for s in UNSEEN:  # never trained on: most cases back to the global model, never worse than it (within noise)
         assert sup["sites"][s]["report"]["global model"] >= 0.5, (s, sup["sites"][s]["report"])
         assert sup["sites"][s]["mean"]["dice"] >= alone["sites"][s]["mean"]["dice"] - 0.02, s
+
+    # the saved gamma is the one chosen on the sites' validation cases (seen, and each site left out as if new), in
+    # both files; on the sites no one trained on it serves at least as well as the configured gamma and as the
+    # global model alone (within noise)
+    chosen = sm.info["gamma"]
+    assert chosen in GAMMA_GRID and best.info["gamma"] == chosen
+    assert f"gamma chosen on the sites' validation cases (3 sites, mean dice as seen sites and left out one at a time): {chosen:g}" \
+        in (run.workspace / "server" / "log.txt").read_text()
+    picked = _evaluate(run.app_server / SUPER_MODEL_FILE, UNSEEN, [chosen], tmp_path / "chosen.json")[0]
+    unseen = {name: np.mean([ev["sites"][s]["mean"]["dice"] for s in UNSEEN]) for name, ev in
+              (("chosen", picked), ("configured", sup), ("global", alone))}
+    assert unseen["chosen"] >= max(unseen["configured"], unseen["global"]) - 0.02, (chosen, unseen)
 
 
 def _head_on_test_cases(sm):

@@ -62,7 +62,7 @@ def test_round_summary_logs_the_mean_over_sites_and_draws_the_federation_curve(c
     [record] = [r for r in caplog.records if r.name == ROUNDS_LOGGER]
     assert ROUND_LINE.search(record.getMessage())["value"] == "60.00 %"
     assert "over 2 sites" in record.getMessage() and "(hd95 3.000)" in record.getMessage()
-    assert comp.sent == [(SERVER_EVENT_TYPE, CURVE_TAG.format(key="dice"), pytest.approx(0.6), 4)]  # a fraction, as TB's
+    assert comp.sent == [(SERVER_EVENT_TYPE, CURVE_TAG.format(key="dice"), pytest.approx(60.0), 4)]  # in percent, as every score in TB
 
 
 class _Client:

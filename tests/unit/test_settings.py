@@ -320,7 +320,8 @@ def test_fedsm_settings_are_a_section_with_the_job_s_former_values():
     from medflare.fedsm.config import FedSMConfig
     from medflare.fedsm.controller import FedSMController
 
-    assert FedSMConfig().as_dict() == {"softpull_lambda": 0.7, "gamma": 0.05, "selector": {}, "extra_rounds": 0, "head_lr": 0.05}
+    assert FedSMConfig().as_dict() == {"softpull_lambda": 0.7, "gamma": 0.05, "gamma_from_validation": True, "selector": {},
+                                       "extra_rounds": 0, "head_lr": 0.05}
     ctrl = FedSMController(preset="seg_synthetic_tiny", overrides={"fedsm": {"gamma": 0.2, "extra_rounds": 2,
                                                                              "selector": {"levels": 1}}})
     assert (ctrl.gamma, ctrl.extra_rounds, ctrl.selector, ctrl.softpull_lambda) == (0.2, 2, {"levels": 1}, 0.7)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from medflare import ConfigError
-from medflare.settings import POSITIVE, Check, Int, Number, Section, section, setting
+from medflare.settings import POSITIVE, Bool, Check, Int, Number, Section, section, setting
 
 #: Algorithm 2's default threshold (also what ``medflare evaluate`` uses for a super model that records none)
 DEFAULT_GAMMA = 0.05
@@ -39,6 +39,10 @@ class FedSMConfig(Section):
         gamma: Algorithm 2's threshold on the selector's typicality, used for the scores the sites report and stored in
             the super model as the default of ``medflare evaluate``: about the share of a seen site's cases sent to the
             global model (jobs/fedsm/README.md, "Choosing gamma"), in [0, 1]. Default 0.05.
+        gamma_from_validation: after the last round, replace ``gamma`` in the saved super model by the threshold of
+            :data:`medflare.fedsm.scoring.GAMMA_GRID` that scores best on the sites' validation cases, as seen sites and
+            left out one at a time as if new (:func:`medflare.fedsm.scoring.choose_gamma`); false: keep ``gamma``.
+            Default true.
         selector: arguments of :class:`~medflare.fedsm.selector.EncoderGaussianSelector`: ``levels`` (encoder levels
             read, >= 1; the selector's default 2) and ``shrinkage`` (covariance shrinkage in [0, 1]; default 0.2).
             Default {} (both at the selector's defaults).
@@ -49,6 +53,7 @@ class FedSMConfig(Section):
 
     softpull_lambda: float = setting(0.7, Number(0.0, 1.0, low_open=True))
     gamma: float = setting(DEFAULT_GAMMA, Number(0.0, 1.0))
+    gamma_from_validation: bool = setting(True, Bool())
     selector: dict = setting({}, Check(_selector))
     extra_rounds: int = setting(0, Int(0))
     head_lr: float = setting(0.05, POSITIVE)

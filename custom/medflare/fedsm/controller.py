@@ -35,6 +35,7 @@ from medflare.fedsm import protocol as P
 from medflare.fedsm.aggregate import SiteReply, SuperState, aggregate_round
 from medflare.fedsm.extra import HeadAdam
 from medflare.fedsm.persistor import SuperModelPersistor
+from medflare.fedsm.scoring import choose_gamma
 from medflare.fedsm.config import FedSMConfig
 from medflare.fedsm.selector import build_selector, selector_spec
 from medflare.fedsm.softpull import check_lambda
@@ -99,6 +100,7 @@ class FedSMController(SiteRounds):
         cfg = get_preset(preset, overrides)
         fedsm = FedSMConfig.from_preset(cfg)
         self.softpull_lambda, self.gamma, self.selector = fedsm.softpull_lambda, fedsm.gamma, fedsm.selector
+        self.gamma_from_validation = fedsm.gamma_from_validation
         self.extra_rounds, self.head_lr = fedsm.extra_rounds, fedsm.head_lr
         check_int("FedSMController", "resume_round", resume_round, 0)
         if resume_round > num_rounds + self.extra_rounds:
@@ -158,6 +160,21 @@ class FedSMController(SiteRounds):
                 self.info(f"round {rnd}: {site} sent {sizes}")
         return mean
 
+    def _choose_gamma(self, results: Mapping[str, FLModel]) -> None:
+        """The super model's gamma from the sites' final validation sweeps (:func:`medflare.fedsm.scoring.choose_gamma`):
+        logged as a table, recorded by the persistor in the files it saves from now on and in the best file."""
+        per_site = {site: dict(res.params[P.METRICS_PART].data) for site, res in results.items()
+                    if isinstance(res.params, Mapping) and isinstance(res.params.get(P.METRICS_PART), DXO)}
+        gamma, table = choose_gamma(per_site, self.key, self.gamma)
+        if not table:
+            self.warning(f"no site reported validation scores per gamma: the super model keeps gamma {self.gamma}")
+            return
+        rows = "; ".join(f"gamma {g:g}: seen {100 * seen:.2f} %, unseen {100 * unseen:.2f} %" for g, (seen, unseen) in table.items())
+        self.info(f"gamma chosen on the sites' validation cases ({len(per_site)} sites, mean {self.key} as seen sites and "
+                  f"left out one at a time): {gamma:g} (configured {self.gamma:g}); {rows}")
+        self.gamma = gamma
+        self.persistor.record_gamma(gamma)
+
     def _report(self, results: Mapping[str, FLModel], rnd: int, total: int) -> None:
         """The round's summary line and federation curve: the super model as the sites scored it (``own_or_global``,
         the score the best model is chosen by), beside the global model's and, where the sites hold every personalised
@@ -199,6 +216,8 @@ class FedSMController(SiteRounds):
         if not results:
             return
         final.meta["metrics"] = self._scores(results, total)
+        if self.gamma_from_validation:
+            self._choose_gamma(results)  # before the final model is saved or judged best, so its files record it
         self.publish(final)
         self.aggregate(results, lambda _: final)
         self.save_model(final)

@@ -19,7 +19,9 @@ with the lowest-loss model (Eq. 1, once: the models no longer change) and replie
 the selector head on those labels (a WEIGHT_DIFF part, :mod:`.extra`).
 
 Task ``validate``: score the final super model on validation and test splits with every site's personalised
-model (exact super-model scores); the reply holds metrics only (a COLLECTION with one METRICS part).
+model (exact super-model scores), and on validation at every threshold of the gamma grid, as a seen site and as if
+this site were new (:func:`medflare.fedsm.scoring.gamma_sweep`; the server chooses the super model's gamma from them);
+the reply holds metrics only (a COLLECTION with one METRICS part).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from medflare.common.training import local_work, make_loss, make_optimizer, trai
 from medflare.fedsm import protocol as P
 from medflare.fedsm.density import site_gaussian
 from medflare.fedsm.extra import extra_labels, head_gradient_step, per_case_losses
-from medflare.fedsm.scoring import case_scorer, one_pass, summarize
+from medflare.fedsm.scoring import case_scorer, is_sweep_score, one_pass, summarize
 from medflare.fedsm.selector import build_selector, encoder_features, unet_down_blocks
 
 #: the site setting (``local/medflare_site.json``, section "privacy") for noise on the feature statistics
@@ -136,8 +138,10 @@ class FedSMExecutor(SiteExecutor):
         return nets
 
     # ---- scoring -----------------------------------------------------------------------------
-    def score(self, split: str, models: dict, idx: int, gamma: float, persons: list[torch.nn.Module] | None) -> dict[str, float]:
-        """One pass over ``split``: every model and the selector per batch (see :mod:`medflare.fedsm.scoring`).
+    def score(self, split: str, models: dict, idx: int, gamma: float, persons: list[torch.nn.Module] | None,
+              sweep: bool = False) -> dict[str, float]:
+        """One pass over ``split``: every model and the selector per batch (see :mod:`medflare.fedsm.scoring`);
+        ``sweep`` (with every site's model): also the scores of every threshold of the gamma grid, seen and unseen.
 
         Per-case scores of a model are reused while its weights do not change (FedSM-extra rounds)."""
         nets = {P.GLOBAL: (self.global_model, models[P.GLOBAL]), P.PERSON: (self.person_model, self._own(models, idx))}
@@ -160,7 +164,7 @@ class FedSMExecutor(SiteExecutor):
         case_scores = {name: self._scores[(split, name, digests[name])] for name in nets}
         case_scores.update({P.person_key(idx): case_scores[P.PERSON]})
         person_names = [P.person_key(i) for i in range(len(persons))] if persons is not None else None
-        return summarize(case_scores, typicality, head, idx, gamma, self.key, P.GLOBAL, person_names, P.PERSON)
+        return summarize(case_scores, typicality, head, idx, gamma, self.key, P.GLOBAL, person_names, P.PERSON, sweep=sweep)
 
     # ---- what the site sends ------------------------------------------------------------------
     def _feature_stats(self, fl_ctx: FLContext, rnd: int) -> dict[str, np.ndarray]:
@@ -247,9 +251,12 @@ class FedSMExecutor(SiteExecutor):
         rnd = int(incoming.current_round or 0)
         gamma = float(incoming.meta.get(P.GAMMA, 0.05))
         persons = self._all_person(models, sites, idx)
-        metrics = self.score("val", models, idx, gamma, persons)
+        scored = self.score("val", models, idx, gamma, persons, sweep=True)
+        sweep = {k: v for k, v in scored.items() if is_sweep_score(k)}  # for the server's choice of gamma
+        metrics = {k: v for k, v in scored.items() if k not in sweep}
         self.tracker.scalars(fl_ctx, metrics, rnd, prefix="val/")  # the validation curve's last point: the final model
         metrics.update({f"test_{k}": v for k, v in self.score("test", models, idx, gamma, persons).items()})
         self.tracker.scalars(fl_ctx, metrics, rnd, prefix="final/")
         self.log_info(fl_ctx, f"final super model on '{self.site}': {format_metrics(metrics)}")
-        return self._reply(fl_ctx, {P.METRICS_PART: DXO(DataKind.METRICS, data=dict(metrics))}, len(self.data.train), metrics, rnd)
+        return self._reply(fl_ctx, {P.METRICS_PART: DXO(DataKind.METRICS, data={**metrics, **sweep})}, len(self.data.train),
+                           metrics, rnd)

@@ -72,6 +72,20 @@ class SuperModelPersistor(PTFileModelPersistor):
         """The run's sites (selector order) and selector, and the values the saved file records; before :meth:`load_model`."""
         self._layout = {"sites": list(sites), "selector_spec": dict(selector_spec), "softpull_lambda": softpull_lambda, "gamma": gamma}
 
+    def record_gamma(self, gamma: float) -> None:
+        """The run's gamma as chosen at the end of training (:meth:`FedSMController._choose_gamma`): every file saved
+        from now on records it, and a best file saved before is rewritten to record it (its weights unchanged)."""
+        self._layout["gamma"] = float(gamma)
+        conf = dict(self.persistence_manager.train_conf or {})
+        conf["medflare"] = {**conf.get("medflare", {}), "gamma": float(gamma)}
+        self.persistence_manager.train_conf = conf
+        best = os.path.join(self.log_dir, self.best_global_model_file_name)
+        if os.path.isfile(best):
+            data = read_checkpoint(best)
+            train_conf = dict(data.get("train_conf") or {})
+            train_conf["medflare"] = {**(train_conf.get("medflare") or {}), "gamma": float(gamma)}
+            save_checkpoint({**data, "train_conf": train_conf}, best)
+
     def load_model(self, fl_ctx: FLContext):
         if self._layout is None:
             raise ConfigError("SuperModelPersistor: configure(sites, selector, ...) must come before load_model (FedSMController does it)")

@@ -15,11 +15,20 @@ Metrics (``key`` is the preset's key metric, e.g. ``dice``):
         often that happened). The best super model is chosen by this score, the same in every round;
     selector_acc: share of cases whose most typical site is this site (site identification);
     selected_own / selected_global / selected_other: where Algorithm 2 at gamma sends the cases.
+
+The final round also scores every threshold of :data:`GAMMA_GRID` (:func:`gamma_sweep`): the super model at that gamma
+as this site's cases meet it (``super_<key>_g<gamma>``), and as they would meet it were this site new to the
+federation (``unseen_<key>_g<gamma>``: leave this site out, its selector column and its personalised model removed,
+so a case goes to the most typical *other* site's model or, below gamma, to the global model). The server picks the
+super model's gamma from those scores (:func:`choose_gamma`) instead of keeping a fixed one: whether an unseen site is
+better served by the nearest personalised model or by the global model depends on the federation (on the synthetic
+held-out sites the former, on real ones the latter; benchmarks/RESULTS_fedsm.md).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+import math
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -27,6 +36,11 @@ from medflare import MedflareError
 from medflare.fedsm.routing import GLOBAL, route
 from medflare.metrics import evaluate
 from medflare.metrics.site_mean import site_mean
+
+#: the thresholds the final round scores and the server chooses among (0: never the global model, 1: always)
+GAMMA_GRID = (0.0, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0)
+#: a sweep score's name: ``super`` or ``unseen``, the key metric, the threshold (``unseen_dice_g0.05``)
+SWEEP_NAME = "{what}_{key}_g{gamma:g}"
 
 #: (batch, logits) -> (B, 2, K) per-case, per-class key metric (row 0) and class presence (row 1, see :func:`case_scorer`)
 CaseScorer = Callable[[Mapping[str, Any], torch.Tensor], torch.Tensor]
@@ -101,13 +115,15 @@ def summarize(
     global_name: str,
     person_names: list[str] | None,
     own_name: str,
+    sweep: bool = False,
 ) -> dict[str, float]:
     """The metrics of the module docstring from per-case scores and selector outputs.
 
     The site means reduce through :func:`site_score` (a class in no case's label is left out, as in
     every evaluation); a super model's case takes the routed model's per-class scores and presence.
     ``case_scores`` holds (N,) or (N, 2, K) (:func:`case_scorer`) per-case scores of the global model (``global_name``), this site's personalised
-    model (``own_name``) and, when ``person_names`` is given, every site's personalised model in site order.
+    model (``own_name``) and, when ``person_names`` is given, every site's personalised model in site order; then
+    ``sweep`` adds the :func:`gamma_sweep` scores.
     """
     g, p = case_scores[global_name], case_scores[own_name]
     choice = route(typicality, gamma, head)
@@ -122,8 +138,68 @@ def summarize(
     if person_names is not None:
         table = torch.stack([g, *(case_scores[name] for name in person_names)])  # (K + 1, N, ...), row 0 = global
         out[f"super_{key}"] = site_score(table[(choice + 1).clamp(min=0), torch.arange(len(choice))])
+        if sweep:
+            out.update(gamma_sweep(table, typicality, head, own, key))
     out["selector_acc"] = float((typicality.argmax(1) == own).double().mean())
     out["selected_own"] = float(mine.sum()) / n
     out["selected_global"] = float((choice == GLOBAL).sum()) / n
     out["selected_other"] = float(((choice != own) & (choice != GLOBAL)).sum()) / n
     return out
+
+
+def _routed(table: torch.Tensor, choice: torch.Tensor) -> float:
+    """The site mean of each case scored by the model it was routed to (``table`` row 0 = global, 1 + i = site i)."""
+    return site_score(table[choice + 1, torch.arange(len(choice))])
+
+
+def gamma_sweep(table: torch.Tensor, typicality: torch.Tensor, head: torch.Tensor | None, own: int, key: str,
+                grid: Sequence[float] = GAMMA_GRID) -> dict[str, float]:
+    """For each ``gamma`` of ``grid``: ``super_<key>_g<gamma>``, Algorithm 2 at that threshold on this site's cases, and
+    ``unseen_<key>_g<gamma>``, the same with this site left out (see the module docstring).
+
+    ``table`` (K + 1, N, ...): per-case scores, row 0 the global model, row 1 + i site i's personalised model;
+    ``typicality`` (N, K) and ``head`` (N, K + 1) or None: the selector's outputs; ``own``: this site's index. Each
+    site's typicality is its own Gaussian's tail probability (:mod:`medflare.fedsm.density`), so dropping a column is
+    the selector without that site. The models still learnt from it (FedAvg and SoftPull), so the unseen scores are an
+    optimistic stand-in for a new site's, the same for every gamma.
+    """
+    others = [i for i in range(typicality.shape[1]) if i != own]
+    rows = [0, *(i + 1 for i in others)]
+    out = {}
+    for gamma in grid:
+        out[SWEEP_NAME.format(what="super", key=key, gamma=gamma)] = _routed(table, route(typicality, gamma, head))
+        if others:
+            unseen = route(typicality[:, others], gamma, head[:, rows] if head is not None else None)
+            score = _routed(table[rows], unseen)
+        else:  # a federation of one site: a new site has only the global model
+            score = site_score(table[0])
+        out[SWEEP_NAME.format(what="unseen", key=key, gamma=gamma)] = score
+    return out
+
+
+def is_sweep_score(name: str) -> bool:
+    """Whether a metric's name is one of :func:`gamma_sweep`'s."""
+    return name.startswith(("super_", "unseen_")) and "_g" in name and name.rsplit("_g", 1)[1].replace(".", "", 1).isdigit()
+
+
+def choose_gamma(per_site: Mapping[str, Mapping[str, float]], key: str, default: float,
+                 grid: Sequence[float] = GAMMA_GRID) -> tuple[float, dict[float, tuple[float, float]]]:
+    """The super model's gamma from the sites' final validation sweeps (:func:`gamma_sweep`): the grid's threshold with
+    the best mean over sites of (seen + unseen) / 2, the threshold closest to ``default`` among equals; ``default``
+    when no site reported a sweep. Returns it and ``{gamma: (mean seen score, mean unseen score)}``.
+
+    Seen and unseen weigh the same: a super model serves the federation's own sites and the sites that join it later,
+    and over small thresholds the seen score barely moves (a seen case is typical of its own site), so the unseen
+    route decides where the seen sites do not care."""
+    table: dict[float, tuple[float, float]] = {}
+    for gamma in grid:
+        names = [SWEEP_NAME.format(what=what, key=key, gamma=gamma) for what in ("super", "unseen")]
+        rows = [[float(m[n]) for m in per_site.values() if isinstance(m.get(n), (int, float)) and math.isfinite(m[n])]
+                for n in names]
+        if all(rows):
+            table[gamma] = (sum(rows[0]) / len(rows[0]), sum(rows[1]) / len(rows[1]))
+    if not table:
+        return float(default), {}
+    best = max(sum(v) / 2 for v in table.values())
+    tied = [g for g, v in table.items() if sum(v) / 2 >= best - 1e-12]
+    return float(min(tied, key=lambda g: (abs(g - default), g))), table

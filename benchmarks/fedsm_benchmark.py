@@ -116,6 +116,19 @@ def selection_md(rows: dict[str, dict[str, Any]], site: str, key: str) -> str:
     return "\n".join(lines)
 
 
+def _chosen_line(unseen: dict[str, Any], held_out: str, key: str) -> str:
+    """What the run chose as its super model's gamma from its sites' validation cases, and what that scores on the
+    held-out site (jobs/fedsm/README.md, "Choosing gamma")."""
+    gamma = unseen.get("chosen_gamma")
+    if gamma is None:
+        return "(this run predates the gamma chosen from validation)"
+    row = unseen["sweep"].get(f"gamma {float(gamma)}")
+    score = f"{100 * row['sites'][held_out][key]:.2f}" if row else "not in the sweep"
+    best = max((t["sites"][held_out][key], name.split()[-1]) for name, t in unseen["sweep"].items() if "sites" in t)
+    return (f"The run chose gamma {gamma:g} from its sites' validation cases (seen and left out one at a time): "
+            f"{key} {score} on {held_out}; the sweep's best on it is gamma {best[1]} ({100 * best[0]:.2f}).")
+
+
 def traffic_md(rounds: dict[int, dict[str, Any]]) -> str:
     lines = ["| round | task | server -> site (B) | site -> server (B) | parts of the reply (kind, B) |", "|---|---|---|---|---|"]
     for r, t in sorted(rounds.items()):
@@ -180,7 +193,8 @@ def main(argv=None) -> int:
                 sweep.pop("personalised (own)", None)
                 seen = super_rows(sm, train_sites, args.preset, [DEFAULT_GAMMA, 1.0])
                 results["sweeps"].setdefault("unseen", {})[held_out] = {"sweep": sweep, "seen": seen, "seconds": sec,
-                                                                          "identification": site_identification(sm, train_sites, args.preset)}
+                                                                          "identification": site_identification(sm, train_sites, args.preset),
+                                                                          "chosen_gamma": sm.info["gamma"]}
                 log(f"unseen {held_out}: {sec:.0f} s")
 
         if args.baselines not in ("", "none"):
@@ -213,6 +227,7 @@ def main(argv=None) -> int:
     for held_out, u in results["sweeps"].get("unseen", {}).items():
         md += ["", f"Unseen site {held_out} (trained without it): test {key} and selection frequency (%) per gamma:", "",
                selection_md(u["sweep"], held_out, key),
+               "", _chosen_line(u, held_out, key),
                "", f"The seen sites of that run at {job_gamma} and gamma 1 (global model):", "",
                markdown_table({k: v for k, v in u["seen"].items() if k.startswith("gamma")}, metric=key),
                "", "Own-model share of the seen sites at the job's gamma (%): "

@@ -47,10 +47,18 @@ from medflare.report.runner import run_job  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 
+#: each run's server line on the gamma it chose from its sites' validation cases, by run name (the seen / unseen table)
+GAMMA_CHOICES: dict[str, str] = {}
+
+
 def run_fedsm(name: str, sites: list[str], rounds: int, preset: str, work: Path, lam: float = 0.7, extra_rounds: int = 0):
     """Run jobs/fedsm on ``sites``; returns (super model, validation curve, seconds, traffic of the first site)."""
     run = run_job("fedsm", work / name, sites, preset=preset, timeout=7200, workflow_args={"num_rounds": rounds},
                   overrides={"fedsm": {"softpull_lambda": lam, "extra_rounds": extra_rounds}})["run"]
+    server_log = run.workspace / "server" / "log.txt"
+    chosen = re.findall(r"gamma chosen on the sites' validation cases .*", server_log.read_text()) if server_log.is_file() else []
+    if chosen:
+        GAMMA_CHOICES[name] = chosen[-1]
     model_file = run.app_server / SUPER_MODEL_FILE
     if run.returncode != 0 or not model_file.is_file():
         raise RuntimeError(f"{name} failed:\n{run.log[-3000:]}")
@@ -126,7 +134,8 @@ def _chosen_line(unseen: dict[str, Any], held_out: str, key: str) -> str:
     score = f"{100 * row['sites'][held_out][key]:.2f}" if row else "not in the sweep"
     best = max((t["sites"][held_out][key], name.split()[-1]) for name, t in unseen["sweep"].items() if "sites" in t)
     return (f"The run chose gamma {gamma:g} from its sites' validation cases (seen and left out one at a time): "
-            f"{key} {score} on {held_out}; the sweep's best on it is gamma {best[1]} ({100 * best[0]:.2f}).")
+            f"{key} {score} on {held_out}; the sweep's best on it is gamma {best[1]} ({100 * best[0]:.2f})."
+            + (f" The server's line: `{unseen['gamma_choice']}`" if unseen.get("gamma_choice") else ""))
 
 
 def traffic_md(rounds: dict[int, dict[str, Any]]) -> str:
@@ -194,7 +203,8 @@ def main(argv=None) -> int:
                 seen = super_rows(sm, train_sites, args.preset, [DEFAULT_GAMMA, 1.0])
                 results["sweeps"].setdefault("unseen", {})[held_out] = {"sweep": sweep, "seen": seen, "seconds": sec,
                                                                           "identification": site_identification(sm, train_sites, args.preset),
-                                                                          "chosen_gamma": sm.info["gamma"]}
+                                                                          "chosen_gamma": sm.info["gamma"],
+                                                                          "gamma_choice": GAMMA_CHOICES.get(f"fedsm_without_{held_out}")}
                 log(f"unseen {held_out}: {sec:.0f} s")
 
         if args.baselines not in ("", "none"):

@@ -24,23 +24,6 @@ def medflare_cache(tmp_path_factory):
             os.environ[k] = v
 
 
-@pytest.fixture(scope="session", autouse=True)
-def simulator_runs(request, medflare_cache):
-    """Simulator runs of a session with end-to-end tests: each a fork of one process that imported FLARE, torch, MONAI and
-    the jobs' server components once (:func:`medflare.jobs.simulate.start_fork_server`), and FLARE's end-of-run wait
-    for late events cut from 2 s to 0.5 s (its ``end_run_readiness_timeout``; a site's events reach the server before
-    its last result does). Together about 8 s a run on the 2-core machine."""
-    from medflare.jobs import simulate
-
-    if not any(item.path.parent.name == "e2e" for item in request.session.items):
-        yield
-        return
-    simulate.start_fork_server(REPO / "jobs")
-    simulate.RUN_ENV["NVFLARE_END_RUN_READINESS_TIMEOUT"] = "0.5"
-    yield
-    simulate.RUN_ENV.pop("NVFLARE_END_RUN_READINESS_TIMEOUT", None)
-
-
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO

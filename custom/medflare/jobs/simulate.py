@@ -6,6 +6,7 @@ code: :class:`SimRun` exposes the server run folder, the TensorBoard scalars per
 
 from __future__ import annotations
 
+import contextvars
 import json
 import multiprocessing
 import os
@@ -26,6 +27,9 @@ AUDITED: list["SimRun"] = []
 #: added to the environment of every run of this process (FLARE's memory advice; a caller may add FLARE settings:
 #: ``NVFLARE_<VAR>`` sets a job config variable, e.g. the test suite's shorter end-of-run wait in tests/conftest.py)
 RUN_ENV: dict[str, str] = {"MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1"}
+#: the environment a run starts from in this context (this process's os.environ when None): a thread that starts runs
+#: beside code that changes os.environ sets its own (the test suite's background runs beside tests that monkeypatch it)
+BASE_ENV: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("medflare_simulator_env", default=None)
 #: the fork server of :func:`start_fork_server`, None while every run is a fresh `nvflare simulator` process
 _FORK_SERVER: multiprocessing.context.ForkServerContext | None = None
 #: what a fork server imports once besides the jobs' server components: FLARE's simulator, torch (with the part that
@@ -123,14 +127,15 @@ def run_simulator(
     threads: int | None = None,
     clients: list[str] | None = None,
     timeout: float = 900,
-    env: dict[str, str] | None = None,
+    env: dict[str, str | None] | None = None,
     local_files: dict[str, object] | None = None,
     audit: bool = True,
 ) -> SimRun:
     """``nvflare simulator job -w workspace -n N -t N [-c names]`` with FLARE's memory advice; raises on timeout.
 
     Each site process takes its share of the cores itself (:mod:`medflare.common.compute`); ``env`` (e.g.
-    ``{"OMP_NUM_THREADS": "1"}``) is added to the environment of the run.
+    ``{"OMP_NUM_THREADS": "1"}``) is added to the environment of the run (:data:`BASE_ENV`, by default this process's;
+    a None value removes that variable).
     ``local_files`` (``{name: dict or text}``) are written to ``workspace/local/``, which the simulator copies into
     every site's and the server's ``local/`` (e.g. ``{"medflare_site.json": {...}}``, ``{"privacy.json": {...}}``).
     ``audit`` (default True) runs a copy of the job with the egress recorder at every site (beside the workspace, as
@@ -149,7 +154,7 @@ def run_simulator(
     ]
     if clients:
         cmd += ["-c", ",".join(clients)]
-    full_env = {**os.environ, **RUN_ENV, **(env or {})}
+    full_env = {k: v for k, v in {**(BASE_ENV.get() or os.environ), **RUN_ENV, **(env or {})}.items() if v is not None}
     start = time.perf_counter()
     if _FORK_SERVER is not None:
         returncode, stdout, log = _run_forked(cmd[3:], full_env, timeout)

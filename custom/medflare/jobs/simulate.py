@@ -25,7 +25,7 @@ SIMULATOR_SERVER = "simulator_server"  # the name the FLARE simulator gives the 
 #: every audited run of this process (e.g. a test session), for the session-wide egress audit (tests/e2e/test_egress_audit.py)
 AUDITED: list["SimRun"] = []
 #: added to the environment of every run of this process (FLARE's memory advice; a caller may add FLARE settings:
-#: ``NVFLARE_<VAR>`` sets a job config variable, e.g. the test suite's shorter end-of-run wait in tests/conftest.py)
+#: ``NVFLARE_<VAR>`` sets a job config variable, e.g. the test suite's shorter end-of-run wait in tests/e2e/conftest.py)
 RUN_ENV: dict[str, str] = {"MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1"}
 #: the environment a run starts from in this context (this process's os.environ when None): a thread that starts runs
 #: beside code that changes os.environ sets its own (the test suite's background runs beside tests that monkeypatch it)
@@ -186,8 +186,10 @@ def start_fork_server(jobs: str | os.PathLike) -> None:
     global _FORK_SERVER
     if _FORK_SERVER is not None:
         return
+    from medflare.jobs.customize import components
+
     modules = {str(c["path"]).rsplit(".", 1)[0] for p in sorted(Path(jobs).glob("*/app*/config/config_fed_server.json"))
-               for c in _components(json.loads(p.read_text()))}
+               for c in components(json.loads(p.read_text()), filters=True)}
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([*FORK_SERVER_PRELOAD, *sorted(modules), __name__])
     old = {k: os.environ.get(k) for k in RUN_ENV}
@@ -203,24 +205,6 @@ def start_fork_server(jobs: str | os.PathLike) -> None:
             else:
                 os.environ[k] = v
     _FORK_SERVER = context
-
-
-def _components(config: dict) -> list[dict]:
-    """Every ``{"path": ...}`` entry of a FLARE app config (workflows, components, filters, executors)."""
-    found = []
-
-    def walk(node):
-        if isinstance(node, dict):
-            if isinstance(node.get("path"), str):
-                found.append(node)
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(config)
-    return found
 
 
 def _run_forked(argv: list[str], env: dict[str, str], timeout: float) -> tuple[int | None, str, str]:
@@ -252,6 +236,9 @@ def _simulate(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str
     os.environ.update(env)
     os.chdir(cwd)
     sys.argv = ["nvflare", *argv]
+    # as in a fresh `nvflare simulator` process on Linux: FLARE's server process is a fork of this one (with its imports
+    # and environment), not of a new fork server (a fork server's children inherit its start method)
+    multiprocessing.set_start_method("fork", force=True)
     from nvflare.cli import main
 
     main()

@@ -1,0 +1,84 @@
+"""End-to-end tests in the FLARE simulator. Their runs start in the background ahead of the tests that read them, two at
+a time (:class:`Simulations`; fixtures in tests/e2e/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Simulations:
+    """The session's simulator runs, started in the background ahead of the tests that read them, ``workers`` at a time.
+
+    A test module lists its runs in ``RUNS``: ``{fixture name: function(repo, folder) -> SimRun}`` (customise the job
+    and call :func:`medflare.jobs.simulate.run_simulator`; ``folder`` is the run's own empty folder) and declares a
+    fixture of each name with :func:`simulation`. The first of them that a test requests starts the module's runs that
+    its selected tests use, and those of the next module with ``RUNS``: one module's runs are under way while the
+    tests of the module before read theirs. A 2-core machine idles through much of a run (FLARE starting the site
+    processes, its end-of-run waits, a small site waiting for a large one), so two runs at once take less time than
+    one after the other, and nothing a test reads depends on timing (every workflow waits for its sites, each site's
+    threads follow the simulator's ``-t``, data is generated from seeds with its own generators). A run's function
+    runs beside the tests, so it must leave process-wide state alone (os.environ, global RNGs), and the environment
+    its runs start from is the session's as it was when this object was made, whatever a test has monkeypatched
+    meanwhile (:data:`medflare.jobs.simulate.BASE_ENV`); ``run_simulator(env=)`` gives a run its own variables.
+    """
+
+    def __init__(self, session: pytest.Session, tmp_path_factory: pytest.TempPathFactory, workers: int):
+        self._session, self._tmp = session, tmp_path_factory
+        self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="simulation")
+        self._futures: dict[tuple[str, str], Future] = {}
+        self._lock = threading.Lock()
+        self._env = dict(os.environ)
+
+    def _modules(self) -> list:
+        """The modules of the selected tests that list RUNS, in the order their tests run."""
+        modules = []
+        for item in self._session.items:
+            module = getattr(item, "module", None)
+            if module is not None and hasattr(module, "RUNS") and module not in modules:
+                modules.append(module)
+        return modules
+
+    def _start(self, module) -> None:
+        used = {name for item in self._session.items if getattr(item, "module", None) is module for name in item.fixturenames}
+        for name, run in module.RUNS.items():
+            key = (module.__name__, name)
+            if name in used and key not in self._futures:
+                folder = self._tmp.mktemp(f"{module.__name__.rsplit('.', 1)[-1]}_{name}")
+                self._futures[key] = self._pool.submit(self._call, run, folder)
+
+    def _call(self, run, folder: Path):
+        from medflare.jobs.simulate import BASE_ENV
+
+        BASE_ENV.set(self._env)  # this worker thread's context: runs start from the session's environment
+        return run(REPO, folder)
+
+    def result(self, request: pytest.FixtureRequest):
+        """What the run the fixture ``request`` stands for returned (a SimRun); raises what it raised."""
+        module, key = request.module, (request.module.__name__, request.fixturename)
+        with self._lock:
+            if key not in self._futures:
+                modules = self._modules()
+                self._start(module)
+                if module in modules and modules.index(module) + 1 < len(modules):
+                    self._start(modules[modules.index(module) + 1])
+        return self._futures[key].result()
+
+    def close(self) -> None:
+        """Cancel the runs not started yet, wait for the others."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _result(simulations: Simulations, request: pytest.FixtureRequest):
+    return simulations.result(request)
+
+
+def simulation(name: str):
+    """A module-scoped fixture ``name``: the run ``RUNS[name]`` of the module, from the session's :class:`Simulations`."""
+    return pytest.fixture(scope="module", name=name)(_result)

@@ -20,6 +20,8 @@ from medflare.data.util import DATA_ENV
 from medflare.jobs.customize import customize_job
 from medflare.jobs.simulate import run_simulator
 
+from . import simulation
+
 pytestmark = pytest.mark.slow
 
 CLIENTS = ["site-1", "site-2", "site-3"]
@@ -40,18 +42,27 @@ def aggregated_per_round(log: str) -> dict[int, int]:
     return counts
 
 
-def test_a_site_whose_file_goes_bad_fails_naming_it_and_the_job_goes_on(repo, tmp_path, monkeypatch):
-    """The file is cut short (a deleted file is the unit test's second case: one simulator run keeps the suite short)."""
+def _sabotaged(repo, tmp_path):
+    """(the damaged file, the run)"""
     for site in CLIENTS:
         make_seg_site(site, tmp_path / "data", image_size=16, num_classes=3, scale=0.2)
-    monkeypatch.setenv(DATA_ENV, str(tmp_path / "data"))
     victim = tmp_path / "data" / json.loads((tmp_path / "data" / f"{BAD}.json").read_text())["training"][0]["image"]
     sabotage = [{"tasks": ["train"], "filters": [{"path": "medflare.testing.sabotage.DamageFileFilter",
                                                   "args": {"site": BAD, "path": str(victim), "at_round": 1, "damage": "truncate"}}]}]
     folder = customize_job(repo / "jobs" / "fedavg", tmp_path / "job", preset="seg_images_2d", overrides=TINY,
                            workflow_args={"num_rounds": ROUNDS, "num_clients": len(CLIENTS)},
                            executor_args={"overlay_every": 100}, task_data_filters=sabotage)
-    run = run_simulator(folder, tmp_path / "ws", len(CLIENTS), clients=CLIENTS, timeout=300)
+    return victim, run_simulator(folder, tmp_path / "ws", len(CLIENTS), clients=CLIENTS, timeout=300,
+                                 env={DATA_ENV: str(tmp_path / "data")})
+
+
+RUNS = {"sabotaged_run": _sabotaged}  # started in the background (tests/e2e/__init__.py)
+sabotaged_run = simulation("sabotaged_run")
+
+
+def test_a_site_whose_file_goes_bad_fails_naming_it_and_the_job_goes_on(sabotaged_run):
+    """The file is cut short (a deleted file is the unit test's second case: one simulator run keeps the suite short)."""
+    victim, run = sabotaged_run
 
     assert run.returncode == 0 and "Finished FedAvg" in run.log, run.log[-4000:]  # the job ran to its end
     assert "EXECUTION_EXCEPTION" not in run.log.split("Finished FedAvg")[-1], run.log[-4000:]

@@ -12,6 +12,8 @@ from medflare.cli import main as medflare_main
 from medflare.jobs.customize import customize_job
 from medflare.jobs.simulate import run_simulator
 
+from . import simulation
+
 pytestmark = pytest.mark.slow
 
 ROUNDS = 4
@@ -36,13 +38,30 @@ def _run(repo, tmp_path, job, preset, rounds=ROUNDS, workflow_args=None):
     return run
 
 
+def _no_data(repo, tmp):
+    folder = customize_job(repo / "jobs" / "fedavg", tmp / "job", preset="seg_datalist",
+                           workflow_args={"num_rounds": 2, "num_clients": SITES})
+    return run_simulator(folder, tmp / "ws", SITES, clients=CLIENTS, timeout=300)
+
+
+#: every run of the module (started in the background: tests/e2e/__init__.py): each baseline job once on
+#: the same sites, seeds and rounds (FedProx with a strong mu), the classification preset, a site without data
+RUNS = {
+    "fedavg_run": lambda repo, tmp: _run(repo, tmp, "fedavg", "seg_synthetic_tiny"),
+    "scaffold_run": lambda repo, tmp: _run(repo, tmp, "scaffold", "seg_synthetic_tiny"),
+    "fedprox_run": lambda repo, tmp: _run(repo, tmp, "fedprox", "seg_synthetic_tiny", workflow_args={"fedprox_mu": FEDPROX_MU}),
+    "cls_run": lambda repo, tmp: _run(repo, tmp, "fedavg", "cls_synthetic_tiny", rounds=3),
+    "no_data_run": _no_data,
+}
+
+
+fedavg_run, scaffold_run, fedprox_run = simulation("fedavg_run"), simulation("scaffold_run"), simulation("fedprox_run")
+cls_run, no_data_run = simulation("cls_run"), simulation("no_data_run")
+
+
 @pytest.fixture(scope="module")
-def runs(repo, tmp_path_factory):
-    """Each baseline job once on the same sites, seeds and rounds (FedProx with a strong mu)."""
-    tmp = tmp_path_factory.mktemp("baselines")
-    out = {job: _run(repo, tmp, job, "seg_synthetic_tiny") for job in ("fedavg", "scaffold")}
-    out["fedprox"] = _run(repo, tmp, "fedprox", "seg_synthetic_tiny", workflow_args={"fedprox_mu": FEDPROX_MU})
-    return out
+def runs(fedavg_run, scaffold_run, fedprox_run):
+    return {"fedavg": fedavg_run, "scaffold": scaffold_run, "fedprox": fedprox_run}
 
 
 def _evaluate(model_file, site, out):
@@ -97,8 +116,8 @@ def test_scaffold_controls_are_nonzero_and_change_the_update(runs):
         assert max(later) > 0.02, f"{site}: SCAFFOLD updates equal FedAvg's ({later})"
 
 
-def test_classification_preset_runs_through_the_same_job(repo, tmp_path):
-    run = _run(repo, tmp_path, "fedavg", "cls_synthetic_tiny", rounds=3)
+def test_classification_preset_runs_through_the_same_job(cls_run, tmp_path):
+    run = cls_run
     for site, series in run.site_scalars().items():
         acc = dict(series["val_global/accuracy"])
         assert acc[2] > acc[0] + 0.1 and acc[2] > 0.4, f"{site}: accuracy {acc}"
@@ -106,10 +125,8 @@ def test_classification_preset_runs_through_the_same_job(repo, tmp_path):
     assert test["accuracy"] > 0.4, test
 
 
-def test_a_site_without_data_stops_the_job_with_a_clear_error(repo, tmp_path):
-    folder = customize_job(repo / "jobs" / "fedavg", tmp_path / "job", preset="seg_datalist",
-                           workflow_args={"num_rounds": 2, "num_clients": SITES})
-    run = run_simulator(folder, tmp_path / "ws", SITES, clients=CLIENTS, timeout=300)
+def test_a_site_without_data_stops_the_job_with_a_clear_error(no_data_run):
+    run = no_data_run
     assert "site 'site-1': data kind 'datalist' needs the site's own data; set $MEDFLARE_DATA" in run.log
     assert run.seconds < 240  # ends, does not wait for the missing site forever
     assert not (run.app_server / "best_FL_global_model.pt").exists()

@@ -15,6 +15,8 @@ from medflare.recipes import RECIPES
 from medflare.jobs.customize import customize_job
 from medflare.jobs.simulate import AUDITED, run_simulator
 
+from . import simulation
+
 pytestmark = pytest.mark.slow
 
 #: the tiny preset of each job, for a job no other test of the session ran
@@ -24,12 +26,20 @@ TINY = {"fedavg": "seg_synthetic_tiny", "fedprox": "seg_synthetic_tiny", "scaffo
 CLIENTS = ["site-1", "site-2"]
 
 
-def test_a_picture_reaches_the_server_only_from_the_site_that_opted_in(repo, tmp_path):
-    """site-1 keeps the default (pictures stay home), site-2's operator lets them stream in its own local settings."""
+def _pictures(repo, tmp_path):
     folder = customize_job(repo / "jobs" / "fedavg", tmp_path / "fedavg", preset="seg_synthetic_tiny",
                            workflow_args={"num_rounds": 1, "num_clients": 2}, executor_args={"overlay_every": 1})
     site_config = {"per_site": {"site-2": {"privacy": {"stream_images": True}}}}
-    run = run_simulator(folder, tmp_path / "ws", 2, clients=CLIENTS, timeout=300, local_files={"medflare_site.json": site_config})
+    return run_simulator(folder, tmp_path / "ws", 2, clients=CLIENTS, timeout=300, local_files={"medflare_site.json": site_config})
+
+
+RUNS = {"pictures_run": _pictures}  # started in the background (tests/e2e/__init__.py)
+pictures_run = simulation("pictures_run")
+
+
+def test_a_picture_reaches_the_server_only_from_the_site_that_opted_in(pictures_run):
+    """site-1 keeps the default (pictures stay home), site-2's operator lets them stream in its own local settings."""
+    run = pictures_run
     assert run.returncode == 0, run.log[-3000:]
     server, kept = run.images(), run.site_images()
     assert server.get("site-2", 0) >= 1 and not server.get("site-1"), server  # the opted-in site's overlays only

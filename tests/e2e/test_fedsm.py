@@ -34,6 +34,8 @@ from medflare.metrics import evaluate
 from medflare.jobs.customize import customize_job
 from medflare.jobs.simulate import run_simulator
 
+from . import simulation
+
 pytestmark = pytest.mark.slow
 
 CLIENTS = ["site-1", "site-2", "site-3"]
@@ -66,9 +68,27 @@ def _privacy(repo):
     return json.loads((repo / "app_configs" / "site" / "local" / "privacy.json").read_text())
 
 
-def test_fedsm_learns_and_flare_picks_the_best_super_model(repo, tmp_path):
-    rounds = 6
-    run = _run(repo, tmp_path, "fedsm", rounds, server_components=[RECORDER])
+ROUNDS = 6  # FedSM
+STRICT_ROUNDS, EXTRA_ROUNDS = 4, 10  # FedSM-extra under the strict scope
+
+
+def _strict(repo, tmp):
+    local = {"privacy.json": _privacy(repo), "medflare_site.json": {"privacy": {"fedsm_stats_noise": 0.1}}}
+    return _run(repo, tmp, "strict", STRICT_ROUNDS, overrides={"fedsm": {"extra_rounds": EXTRA_ROUNDS}}, local_files=local, scope="strict")
+
+
+#: every run of the module, started in the background (tests/e2e/__init__.py)
+RUNS = {
+    "fedsm_run": lambda repo, tmp: _run(repo, tmp, "fedsm", ROUNDS, server_components=[RECORDER]),
+    "strict_run": _strict,
+    "no_weights_run": lambda repo, tmp: _run(repo, tmp, "no_weights", 2, overrides={"fedsm": {"extra_rounds": 1}},
+                                             local_files={"privacy.json": _privacy(repo)}, scope="no_weights", expect_ok=False),
+}
+fedsm_run, strict_run, no_weights_run = simulation("fedsm_run"), simulation("strict_run"), simulation("no_weights_run")
+
+
+def test_fedsm_learns_and_flare_picks_the_best_super_model(fedsm_run, tmp_path):
+    rounds, run = ROUNDS, fedsm_run
     events = [json.loads(line) for line in (run.server_dir / "events.jsonl").read_text().splitlines()]
     # FLARE's round events with the round in the FL context; the last round validates the final super model
     for name in ("_round_started", "_before_aggregation", "_after_aggregation"):
@@ -150,10 +170,8 @@ def _head_on_test_cases(sm):
     return torch.cat(labels), torch.cat(choices), {name: float(np.mean(v)) for name, v in dice.items()}
 
 
-def test_fedsm_extra_learns_under_the_sites_strict_scope_with_their_own_statistics_noise(repo, tmp_path):
-    rounds, extra_rounds = 4, 10
-    local = {"privacy.json": _privacy(repo), "medflare_site.json": {"privacy": {"fedsm_stats_noise": 0.1}}}
-    run = _run(repo, tmp_path, "strict", rounds, overrides={"fedsm": {"extra_rounds": extra_rounds}}, local_files=local, scope="strict")
+def test_fedsm_extra_learns_under_the_sites_strict_scope_with_their_own_statistics_noise(strict_run):
+    rounds, extra_rounds, run = STRICT_ROUNDS, EXTRA_ROUNDS, strict_run
     # FLARE applied the site's scope to every reply: the filter saw the weight updates and the head steps, not the statistics
     main, extra = f"result filters {{'{P.WEIGHTS_PART}': ['PercentilePrivacy']}}", f"result filters {{'{P.HEAD_PART}': ['PercentilePrivacy']}}"
     assert run.log.count(main) == rounds * len(CLIENTS) and run.log.count(extra) == extra_rounds * len(CLIENTS), run.log[-4000:]
@@ -175,9 +193,8 @@ def test_fedsm_extra_learns_under_the_sites_strict_scope_with_their_own_statisti
     assert len(finals) == len(CLIENTS) and np.mean(finals) == pytest.approx(dice["extra"], abs=1e-3), (finals, dice)
 
 
-def test_fedsm_under_the_no_weights_scope_ends_with_a_privacy_error_naming_the_scope(repo, tmp_path):
-    run = _run(repo, tmp_path, "no_weights", 2, overrides={"fedsm": {"extra_rounds": 1}}, local_files={"privacy.json": _privacy(repo)},
-               scope="no_weights", expect_ok=False)
+def test_fedsm_under_the_no_weights_scope_ends_with_a_privacy_error_naming_the_scope(no_weights_run):
+    run = no_weights_run
     assert "DXO kind DataKind.WEIGHT_DIFF is blocked" in run.log  # the site's DXOBlocker refused the reply
     assert ("PrivacyError: round 0 task 'train': the privacy scope 'no_weights' (the job's meta.json) of "
             f"{CLIENTS} refused to send the reply, which holds WEIGHT_DIFF") in run.log, run.log[-4000:]

@@ -31,6 +31,8 @@ from medflare.presets import get_preset
 from medflare.jobs.customize import customize_job
 from medflare.jobs.simulate import run_simulator
 
+from . import simulation
+
 pytestmark = pytest.mark.slow
 
 PRESET = "fedst_tiny"
@@ -51,28 +53,28 @@ def _run(repo, folder, variant, rounds, workflow_args=None, **kwargs):
     return run
 
 
-@pytest.fixture(scope="module")
-def separate_run(repo, tmp_path_factory):
+def _separate(repo, tmp):
     """One FedST-separate run shared by the tests of this module. The full generator (a WEIGHTS DXO) passes the site's
     result filters like any model: ExcludeVars here (a pattern that matches no tensor, so the store stays complete)."""
     flt = {"path": "nvflare.app_common.filters.exclude_vars.ExcludeVars", "args": {"exclude_vars": "no_such_tensor"}}
-    return _run(repo, tmp_path_factory.mktemp("fedst_separate"), "separate", rounds=ROUNDS,
-                task_result_filters=[{"tasks": ["train_generator"], "filters": [flt]}])
+    return _run(repo, tmp, "separate", rounds=ROUNDS, task_result_filters=[{"tasks": ["train_generator"], "filters": [flt]}])
 
 
-@pytest.fixture(scope="module")
-def real_only_run(repo, tmp_path_factory):
+def _real_only(repo, tmp):
     """FedST-separate with lambda 0 (Eq. 3 without L_CDS: FedAvg on the real images only), otherwise as ``separate_run``:
     same preset, sites, seed and rounds."""
-    return _run(repo, tmp_path_factory.mktemp("fedst_lambda0"), "separate", rounds=ROUNDS, overrides={"fedst": {"cds_lambda": 0.0}})
+    return _run(repo, tmp, "separate", rounds=ROUNDS, overrides={"fedst": {"cds_lambda": 0.0}})
 
 
-@pytest.fixture(scope="module")
-def join_run(repo, tmp_path_factory):
+def _join(repo, tmp):
     """One FedST-join run with FLARE's PercentilePrivacy on the generator's and the segmentation model's diffs."""
     flt = {"path": "nvflare.app_common.filters.percentile_privacy.PercentilePrivacy", "args": {"percentile": 5, "gamma": 1.0}}
-    return _run(repo, tmp_path_factory.mktemp("fedst_join"), "join", rounds=ROUNDS,
-                task_result_filters=[{"tasks": ["train_generator", "train"], "filters": [flt]}])
+    return _run(repo, tmp, "join", rounds=ROUNDS, task_result_filters=[{"tasks": ["train_generator", "train"], "filters": [flt]}])
+
+
+#: every run of the module, started in the background (tests/e2e/__init__.py)
+RUNS = {"separate_run": _separate, "real_only_run": _real_only, "join_run": _join}
+separate_run, real_only_run, join_run = simulation("separate_run"), simulation("real_only_run"), simulation("join_run")
 
 
 @functools.lru_cache(maxsize=None)

@@ -20,6 +20,8 @@ from medflare.presets import get_preset
 from medflare.jobs.customize import customize_job
 from medflare.jobs.simulate import run_simulator
 
+from . import simulation
+
 pytestmark = pytest.mark.slow
 
 PRESET = "fedvck_synthetic_tiny"
@@ -63,16 +65,43 @@ def _majority_baseline():
     return np.bincount(labels).max() / len(labels)
 
 
-def test_fedvck_learns_beats_fedavg_and_sends_only_condensed_knowledge_under_no_weights(repo, tmp_path, monkeypatch):
-    # the sites' own MedMNIST-layout .npz files through MEDFLARE_DATA (the job unchanged), written by `medflare data`
+def _npz(tmp_path):
+    """The sites' own MedMNIST-layout .npz files (for MEDFLARE_DATA; the job unchanged), written by `medflare data`."""
     data_dir = tmp_path / "npz"
     assert medflare_main(["data", "--preset", PRESET, "-n", "10", "--out", str(data_dir)]) == 0
-    monkeypatch.setenv("MEDFLARE_DATA", str(data_dir))
-    # the sites' privacy scope "condensed": no weights may leave (DXOBlocker), condensed sets capped and noised
+    return data_dir
+
+
+def _fedvck(repo, tmp_path):
+    """FedVCK on the sites' .npz files under their privacy scope "condensed": no weights may leave (DXOBlocker),
+    condensed sets capped and noised; the tiny preset condenses >= 3 images per class (min_ipc), the scope's filter
+    lets 2 per class leave."""
+    data_dir = _npz(tmp_path)
     folder = _job(repo, tmp_path, "fedvck", scope="condensed", workflow_args={"num_rounds": ROUNDS}, server_components=[RECORDER])
-    # the tiny preset condenses >= 3 images per class (min_ipc); the scope's filter lets 2 per class leave
-    run = run_simulator(folder, tmp_path / "ws_fedvck", len(CLIENTS), clients=CLIENTS, timeout=600,
-                        local_files={"privacy.json": _privacy(repo, max_per_class=2)})
+    return data_dir, run_simulator(folder, tmp_path / "ws_fedvck", len(CLIENTS), clients=CLIENTS, timeout=600,
+                                   local_files={"privacy.json": _privacy(repo, max_per_class=2)}, env={"MEDFLARE_DATA": str(data_dir)})
+
+
+def _fedavg(repo, tmp_path):
+    """FedAvg: same preset, sites (the same .npz files, written again) and rounds, standard scope."""
+    data_dir = _npz(tmp_path)
+    fedavg = _job(repo, tmp_path, "fedavg", workflow_args={"num_rounds": ROUNDS, "num_clients": len(CLIENTS)})
+    return run_simulator(fedavg, tmp_path / "ws_fedavg", len(CLIENTS), clients=CLIENTS, timeout=600, env={"MEDFLARE_DATA": str(data_dir)})
+
+
+def _refused(repo, tmp_path):
+    folder = _job(repo, tmp_path, "fedavg", scope="no_weights", workflow_args={"num_rounds": 2, "num_clients": 2})
+    return run_simulator(folder, tmp_path / "ws", 2, clients=CLIENTS[:2], timeout=300, local_files={"privacy.json": _privacy(repo)})
+
+
+#: every run of the module, started in the background (tests/e2e/__init__.py)
+RUNS = {"fedvck_run": _fedvck, "fedavg_run": _fedavg, "refused_run": _refused}
+fedvck_run, fedavg_run, refused_run = simulation("fedvck_run"), simulation("fedavg_run"), simulation("refused_run")
+
+
+def test_fedvck_learns_beats_fedavg_and_sends_only_condensed_knowledge_under_no_weights(fedvck_run, fedavg_run, tmp_path, monkeypatch):
+    data_dir, run = fedvck_run
+    monkeypatch.setenv("MEDFLARE_DATA", str(data_dir))  # the test scores the models on the sites' .npz files too
     assert run.returncode == 0, run.log[-4000:]
     assert "EXECUTION_EXCEPTION" not in run.log and "PrivacyError" not in run.log, run.log[-4000:]
     assert f"data {data_dir}" in run.log  # the sites read the .npz files, not the embedded cache
@@ -112,8 +141,7 @@ def test_fedvck_learns_beats_fedavg_and_sends_only_condensed_knowledge_under_no_
     assert run.egress_violations() == []
 
     # FedAvg: same preset, sites and rounds, standard scope
-    fedavg = _job(repo, tmp_path, "fedavg", workflow_args={"num_rounds": ROUNDS, "num_clients": len(CLIENTS)})
-    avg = run_simulator(fedavg, tmp_path / "ws_fedavg", len(CLIENTS), clients=CLIENTS, timeout=600)
+    avg = fedavg_run
     assert avg.returncode == 0 and (avg.app_server / "FL_global_model.pt").is_file(), avg.log[-4000:]
 
     vck_acc = _pooled_test_accuracy(result, tmp_path, "vck")
@@ -133,9 +161,8 @@ def test_fedvck_learns_beats_fedavg_and_sends_only_condensed_knowledge_under_no_
     assert len(list((tmp_path / "samples").glob("*.nii.gz"))) == 3
 
 
-def test_fedavg_is_refused_under_no_weights_and_the_job_ends(repo, tmp_path):
-    folder = _job(repo, tmp_path, "fedavg", scope="no_weights", workflow_args={"num_rounds": 2, "num_clients": 2})
-    run = run_simulator(folder, tmp_path / "ws", 2, clients=CLIENTS[:2], timeout=300, local_files={"privacy.json": _privacy(repo)})
+def test_fedavg_is_refused_under_no_weights_and_the_job_ends(refused_run):
+    run = refused_run
     # the sites' DXOBlocker refused every weight diff; ResilientFedAvg then ends the job (within the timeout) with no update
     assert "DXO kind WEIGHT_DIFF is blocked" in run.log or "TASK_RESULT_FILTER_ERROR" in run.log, run.log[-4000:]
     assert "Round 1 started" not in run.log, run.log[-4000:]

@@ -25,6 +25,8 @@ from medflare.data.util import DATA_ENV
 from medflare.jobs.customize import customize_job
 from medflare.jobs.simulate import run_simulator
 
+from . import simulation
+
 pytestmark = pytest.mark.slow
 
 SITES = ["site-1", "site-3", "site-4"]
@@ -63,15 +65,41 @@ def final_dice(run, sites):
     return float(np.mean([dict(scalars[s]["val_global/dice"])[ROUNDS - 1] for s in sites]))
 
 
+# ---- the runs -------------------------------------------------------------------------------------------
+MALFORMED = {"site-3": "wrong_shape", "site-4": "extra_key", "site-5": "missing_key"}
+TINY = {"data": {"channels": 1, "num_classes": 3, "labels": "as_is", "image_size": [16, 16]},
+        "model": {"args": {"in_channels": 1, "out_channels": 3, "channels": [4, 8], "strides": [2]}}}
+
+
+def _malformed(repo, tmp):
+    sites = ["site-1", *MALFORMED]
+    filters = [poison(site=site, tamper=how) for site, how in MALFORMED.items()]
+    return run_fedavg(repo, tmp, "malformed", sites, filters, rounds=2)
+
+
+def _no_data(repo, tmp):
+    for site in SITES[:2]:  # MEDFLARE_DATA written for two sites, the job run with three
+        make_seg_site(site, tmp / "data", image_size=16, num_classes=3, scale=0.2)
+    return run_fedavg(repo, tmp, "no_data", SITES, rounds=2, workflow_args={"min_responses": 3}, preset="seg_images_2d",
+                      overrides=TINY, env={DATA_ENV: str(tmp / "data")}, timeout=240)
+
+
+#: every run of the module, started in the background (tests/e2e/__init__.py)
+RUNS = {
+    "liar_run": lambda repo, tmp: run_fedavg(repo, tmp, "liar", SITES, [poison(site=LIAR, scale=-1.0, steps=1e9),
+                                                                       poison(site=LIAR, from_round=2, scale=1.0, steps=1e300)]),
+    "flipped_run": lambda repo, tmp: run_fedavg(repo, tmp, "flipped", SITES, [poison(site=LIAR, scale=-1.0)]),
+    "malformed_run": _malformed,
+    "no_data_run": _no_data,
+}
+liar_run, flipped_run = simulation("liar_run"), simulation("flipped_run")
+malformed_run, no_data_run = simulation("malformed_run"), simulation("no_data_run")
+
+
 # ---- a site lying about its weight ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def weight_runs(repo, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("weights")
-    flip = poison(site=LIAR, scale=-1.0)
-    liar = run_fedavg(repo, tmp, "liar", SITES, [poison(site=LIAR, scale=-1.0, steps=1e9),
-                                                 poison(site=LIAR, from_round=2, scale=1.0, steps=1e300)])
-    flipped = run_fedavg(repo, tmp, "flipped", SITES, [flip])
-    return liar, flipped
+def weight_runs(liar_run, flipped_run):
+    return liar_run, flipped_run
 
 
 def test_a_claimed_count_is_clipped_to_the_declared_one_naming_the_site(weight_runs):
@@ -98,16 +126,6 @@ def test_a_liar_moves_the_model_no_further_than_its_honest_weight_and_it_stays_f
 
 
 # ---- malformed updates --------------------------------------------------------------------------------
-MALFORMED = {"site-3": "wrong_shape", "site-4": "extra_key", "site-5": "missing_key"}
-
-
-@pytest.fixture(scope="module")
-def malformed_run(repo, tmp_path_factory):
-    sites = ["site-1", *MALFORMED]
-    filters = [poison(site=site, tamper=how) for site, how in MALFORMED.items()]
-    return run_fedavg(repo, tmp_path_factory.mktemp("malformed"), "malformed", sites, filters, rounds=2)
-
-
 @pytest.mark.parametrize("site,reason", [
     ("site-3", "is (1,) float32, the server sent"),
     ("site-4", "1 keys the server did not send: ['model."),
@@ -129,19 +147,6 @@ def test_the_job_finishes_on_the_others_after_malformed_updates(malformed_run):
 
 
 # ---- a site without data ----------------------------------------------------------------------------
-TINY = {"data": {"channels": 1, "num_classes": 3, "labels": "as_is", "image_size": [16, 16]},
-        "model": {"args": {"in_channels": 1, "out_channels": 3, "channels": [4, 8], "strides": [2]}}}
-
-
-@pytest.fixture(scope="module")
-def no_data_run(repo, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("no_data")
-    for site in SITES[:2]:  # MEDFLARE_DATA written for two sites, the job run with three
-        make_seg_site(site, tmp / "data", image_size=16, num_classes=3, scale=0.2)
-    return run_fedavg(repo, tmp, "no_data", SITES, rounds=2, workflow_args={"min_responses": 3}, preset="seg_images_2d",
-                      overrides=TINY, env={DATA_ENV: str(tmp / "data")}, timeout=240)
-
-
 def test_a_site_without_data_ends_the_job_in_bounded_time_with_one_line_naming_it(no_data_run):
     run = no_data_run
     assert run.seconds < 120, run.log[-4000:]

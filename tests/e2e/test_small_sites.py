@@ -13,6 +13,8 @@ from medflare.common.results import load_result
 from medflare.data import load_site
 from medflare.jobs.customize import customize_job
 from medflare.jobs.simulate import run_simulator
+
+from . import simulation
 from medflare.presets import get_preset
 
 pytestmark = pytest.mark.slow
@@ -25,10 +27,18 @@ SMALL = {"data": {"num_sites": 6, "beta": 0.5, "num_classes": 4, "scale": 0.15},
          "model": {"args": {"in_channels": 1, "num_classes": 4, "image_size": 28, "width": 32}}}
 
 
-def test_fedavg_default_learns_on_small_sites_and_puts_its_steps_on_the_record(repo, tmp_path):
+def _small(repo, tmp_path):
     folder = customize_job(repo / "jobs" / "fedavg", tmp_path / "job", preset="cls_synthetic", overrides=SMALL,
                            workflow_args={"num_rounds": ROUNDS, "num_clients": len(CLIENTS)})
-    run = run_simulator(folder, tmp_path / "ws", len(CLIENTS), clients=CLIENTS, timeout=600)
+    return run_simulator(folder, tmp_path / "ws", len(CLIENTS), clients=CLIENTS, timeout=600)
+
+
+RUNS = {"small_run": _small}  # started in the background (tests/e2e/__init__.py)
+small_run = simulation("small_run")
+
+
+def test_fedavg_default_learns_on_small_sites_and_puts_its_steps_on_the_record(small_run):
+    run = small_run
     assert run.returncode == 0, run.log[-4000:]
     assert "EXECUTION_EXCEPTION" not in run.log, run.log[-4000:]
 

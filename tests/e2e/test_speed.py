@@ -10,19 +10,28 @@ from medflare.common.compute import available_cores
 from medflare.jobs.customize import customize_job
 from medflare.jobs.simulate import run_simulator
 
+from . import simulation
+
 pytestmark = pytest.mark.slow
 
 ROUNDS = 3
 
 
-def test_sites_take_their_share_and_costly_metrics_follow_their_cadence(repo, tmp_path, monkeypatch):
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.delenv("MEDFLARE_PROCESSES", raising=False)
+def _shares(repo, tmp_path):
     overrides = {"eval": {"metrics": ["dice", "hd95"], "costly_every": 2}, "train": {"epochs": 1}}
     job = customize_job(repo / "jobs" / "fedavg", tmp_path / "job", preset="seg_synthetic_tiny", overrides=overrides,
                         workflow_args={"num_rounds": ROUNDS, "num_clients": 2}, executor_args={"overlay_every": 10})
     site_config = {"per_site": {"site-2": {"compute": {"threads": 3}}}}
-    run = run_simulator(job, tmp_path / "ws", 2, timeout=600, local_files={"medflare_site.json": site_config})
+    return run_simulator(job, tmp_path / "ws", 2, timeout=600, local_files={"medflare_site.json": site_config},
+                         env={"OMP_NUM_THREADS": None, "MEDFLARE_PROCESSES": None})  # the sites apply the rule
+
+
+RUNS = {"shares_run": _shares}  # started in the background (tests/e2e/__init__.py)
+shares_run = simulation("shares_run")
+
+
+def test_sites_take_their_share_and_costly_metrics_follow_their_cadence(shares_run):
+    run = shares_run
     assert run.returncode == 0 and (run.app_server / "FL_global_model.pt").is_file(), run.log[-4000:]
 
     share = max(1, available_cores() // 2)

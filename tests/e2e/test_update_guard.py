@@ -18,6 +18,8 @@ from medflare.fedsm.persistor import SUPER_MODEL_FILE
 from medflare.jobs.customize import customize_job
 from medflare.jobs.simulate import run_simulator
 
+from . import simulation
+
 pytestmark = pytest.mark.slow
 
 CLIENTS = ["site-1", "site-3", "site-4"]
@@ -55,8 +57,16 @@ def _run(repo, tmp_path, job, name, rounds, guard=True, workflow_args=None, scal
     return run_simulator(folder, tmp_path / f"ws_{name}", len(CLIENTS), clients=CLIENTS, timeout=300)
 
 
-def test_fedavg_guard_refuses_the_nan_site_and_the_job_goes_on(repo, tmp_path):
-    run = _run(repo, tmp_path, "fedavg", "fedavg", ROUNDS, workflow_args={"num_clients": len(CLIENTS)})
+#: every run of the module, started in the background (tests/e2e/__init__.py)
+RUNS = {
+    "fedavg_run": lambda repo, tmp: _run(repo, tmp, "fedavg", "fedavg", ROUNDS, workflow_args={"num_clients": len(CLIENTS)}),
+    "fedsm_run": lambda repo, tmp: _run(repo, tmp, "fedsm", "fedsm", 2, workflow_args={"min_responses": 2}, scale=1000.0),
+}
+fedavg_run, fedsm_run = simulation("fedavg_run"), simulation("fedsm_run")
+
+
+def test_fedavg_guard_refuses_the_nan_site_and_the_job_goes_on(fedavg_run):
+    run = fedavg_run
     assert run.returncode == 0, run.log[-4000:]
     for rnd in range(1, ROUNDS):
         assert f"update guard refused the 'train' result of site '{BAD}' in round {rnd}: NaN/Inf values in " in run.log, run.log[-4000:]
@@ -74,9 +84,9 @@ def test_fedavg_guard_refuses_the_nan_site_and_the_job_goes_on(repo, tmp_path):
     assert all(dict(scalars[s]["val_global/dice"])[ROUNDS - 1] > dict(scalars[s]["val_global/dice"])[0] for s in good), scalars
 
 
-def test_fedsm_guard_refuses_an_outsized_update_and_goes_on_with_the_others(repo, tmp_path):
+def test_fedsm_guard_refuses_an_outsized_update_and_goes_on_with_the_others(fedsm_run):
     """SiteRounds: a site whose update is 1000x its size is refused by the norm rule and counts as missing."""
-    run = _run(repo, tmp_path, "fedsm", "fedsm", 2, workflow_args={"min_responses": 2}, scale=1000.0)
+    run = fedsm_run
     assert run.returncode == 0, run.log[-4000:]
     assert f"update guard refused the 'train' result of site '{BAD}' in round 1: weights: update norm" in run.log, run.log[-4000:]
     assert f"round 1 task 'train': going on with ['site-1', 'site-4']; the server's update guard refused ['{BAD}']" in run.log

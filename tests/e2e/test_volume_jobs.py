@@ -13,6 +13,8 @@ from medflare.testing.hospital_data import write_volume_site
 from medflare.jobs.customize import customize_job
 from medflare.jobs.simulate import run_simulator
 
+from . import simulation
+
 pytestmark = pytest.mark.slow
 
 ROUNDS = 3
@@ -23,13 +25,12 @@ TINY = {"data": {"image_size": [16, 16], "augment": NO_AUG},
         "train": {"epochs": 2, "batch_size": 8, "lr": 1e-2}}
 
 
-@pytest.fixture
-def data(tmp_path, monkeypatch):
-    """Two sites' volumes: site-1 a datalist with its own splits, site-2 an MSD dataset.json (other shape)."""
+def _data(tmp_path):
+    """Two sites' volumes (for MEDFLARE_DATA): site-1 a datalist with its own splits, site-2 an MSD dataset.json (other
+    shape); each run writes its own copy."""
     data = tmp_path / "data"
     write_volume_site(data / "one", 6, shape=(24, 20, 10), seed=1, datalist=data / "site-1.json")
     write_volume_site(data / "two", 6, shape=(20, 24, 12), seed=2, msd=True, datalist=data / "site-2.json")
-    monkeypatch.setenv("MEDFLARE_DATA", str(data))
     return data
 
 
@@ -40,15 +41,27 @@ TINY_3D = {"data": {"augment": NO_AUG, "patch": {"size": [16, 16, 8], "per_volum
 
 
 def _run(repo, tmp_path, job, workflow_args, preset="seg_volumes_2d", overrides=TINY):
+    """(the data folder, the run)"""
+    data = _data(tmp_path)
     folder = customize_job(repo / "jobs" / job, tmp_path / "job", preset=preset, overrides=overrides,
                            workflow_args={"num_rounds": ROUNDS, **workflow_args}, executor_args={"overlay_every": 2})
-    run = run_simulator(folder, tmp_path / "ws", len(CLIENTS), clients=CLIENTS, timeout=300)
+    run = run_simulator(folder, tmp_path / "ws", len(CLIENTS), clients=CLIENTS, timeout=300, env={"MEDFLARE_DATA": str(data)})
     assert run.returncode == 0 and "EXECUTION_EXCEPTION" not in run.log, run.log[-4000:]
-    return run
+    return data, run
 
 
-def test_fedavg_on_volume_slices_learns_and_writes_back(repo, tmp_path, data):
-    run = _run(repo, tmp_path, "fedavg", {"num_clients": len(CLIENTS)})
+#: every run of the module, started in the background (tests/e2e/__init__.py)
+RUNS = {
+    "fedavg_run": lambda repo, tmp: _run(repo, tmp, "fedavg", {"num_clients": len(CLIENTS)}),
+    "fedsm_run": lambda repo, tmp: _run(repo, tmp, "fedsm", {}),
+    "fedsm_3d_run": lambda repo, tmp: _run(repo, tmp, "fedsm", {}, preset="seg_volumes_3d", overrides=TINY_3D),
+}
+fedavg_run, fedsm_run, fedsm_3d_run = simulation("fedavg_run"), simulation("fedsm_run"), simulation("fedsm_3d_run")
+
+
+def test_fedavg_on_volume_slices_learns_and_writes_back(fedavg_run, tmp_path, monkeypatch):
+    data, run = fedavg_run
+    monkeypatch.setenv("MEDFLARE_DATA", str(data))  # the sites' volumes, for `medflare evaluate`
     for site, series in run.site_scalars().items():
         dice = dict(series["val_global/dice"])
         assert dice[ROUNDS - 1] > dice[0] + 0.2 and dice[ROUNDS - 1] > 0.6, f"{site}: per-volume Dice {dice}"
@@ -67,9 +80,9 @@ def test_fedavg_on_volume_slices_learns_and_writes_back(repo, tmp_path, data):
     assert 0 < written.get_fdata().mean() < 0.5  # a plausible foreground, not empty or everything
 
 
-def test_fedsm_runs_on_volume_slices(repo, tmp_path, data):
+def test_fedsm_runs_on_volume_slices(fedsm_run):
     """The FedSM job with only the preset changed: its three models learn on slices and are scored per volume."""
-    run = _run(repo, tmp_path, "fedsm", {})
+    _, run = fedsm_run
     for site, series in run.site_scalars().items():
         # in training rounds a site holds only its own personalised model, so it reports "own or global" (the super
         # model when the selector routes to this site or to the global model); the full super model is scored at the end
@@ -80,10 +93,10 @@ def test_fedsm_runs_on_volume_slices(repo, tmp_path, data):
         assert max(final.values()) > 0.6, f"{site}: final/super_dice {final}"
 
 
-def test_fedsm_in_full_3d_on_patches(repo, tmp_path, data):
+def test_fedsm_in_full_3d_on_patches(fedsm_3d_run):
     """The FedSM job with the 3D preset: patch-trained 3D UNets, every model and the selector scored on whole volumes
     (sliding windows for the networks, the selector's encoder stem on the whole volume), per volume."""
-    run = _run(repo, tmp_path, "fedsm", {}, preset="seg_volumes_3d", overrides=TINY_3D)
+    _, run = fedsm_3d_run
     for site, series in run.site_scalars().items():
         for name in ("val/global_dice", "val/person_dice"):
             dice = dict(series[name])

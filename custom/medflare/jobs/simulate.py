@@ -6,11 +6,14 @@ code: :class:`SimRun` exposes the server run folder, the TensorBoard scalars per
 
 from __future__ import annotations
 
+import contextvars
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +24,17 @@ from medflare import MedflareError
 SIMULATOR_SERVER = "simulator_server"  # the name the FLARE simulator gives the server (its tb_events folder)
 #: every audited run of this process (e.g. a test session), for the session-wide egress audit (tests/e2e/test_egress_audit.py)
 AUDITED: list["SimRun"] = []
+#: added to the environment of every run of this process (FLARE's memory advice; a caller may add FLARE settings:
+#: ``NVFLARE_<VAR>`` sets a job config variable, e.g. the test suite's shorter end-of-run wait in tests/e2e/conftest.py)
+RUN_ENV: dict[str, str] = {"MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1"}
+#: the environment a run starts from in this context (this process's os.environ when None): a thread that starts runs
+#: beside code that changes os.environ sets its own (the test suite's background runs beside tests that monkeypatch it)
+BASE_ENV: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("medflare_simulator_env", default=None)
+#: the fork server of :func:`start_fork_server`, None while every run is a fresh `nvflare simulator` process
+_FORK_SERVER: multiprocessing.context.ForkServerContext | None = None
+#: what a fork server imports once besides the jobs' server components: FLARE's simulator, torch (with the part that
+#: its optimisers import on first use) and MONAI
+FORK_SERVER_PRELOAD = ["nvflare.cli", "nvflare.private.fed.app.simulator.simulator_runner", "torch", "torch._dynamo", "monai"]
 
 
 @dataclass
@@ -113,14 +127,15 @@ def run_simulator(
     threads: int | None = None,
     clients: list[str] | None = None,
     timeout: float = 900,
-    env: dict[str, str] | None = None,
+    env: dict[str, str | None] | None = None,
     local_files: dict[str, object] | None = None,
     audit: bool = True,
 ) -> SimRun:
     """``nvflare simulator job -w workspace -n N -t N [-c names]`` with FLARE's memory advice; raises on timeout.
 
     Each site process takes its share of the cores itself (:mod:`medflare.common.compute`); ``env`` (e.g.
-    ``{"OMP_NUM_THREADS": "1"}``) is added to the environment of the run.
+    ``{"OMP_NUM_THREADS": "1"}``) is added to the environment of the run (:data:`BASE_ENV`, by default this process's;
+    a None value removes that variable).
     ``local_files`` (``{name: dict or text}``) are written to ``workspace/local/``, which the simulator copies into
     every site's and the server's ``local/`` (e.g. ``{"medflare_site.json": {...}}``, ``{"privacy.json": {...}}``).
     ``audit`` (default True) runs a copy of the job with the egress recorder at every site (beside the workspace, as
@@ -139,17 +154,94 @@ def run_simulator(
     ]
     if clients:
         cmd += ["-c", ",".join(clients)]
-    full_env = {**os.environ, "MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env = {k: v for k, v in {**(BASE_ENV.get() or os.environ), **RUN_ENV, **(env or {})}.items() if v is not None}
     start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        raise MedflareError(f"simulator run of '{job}' exceeded {timeout:.0f} s:\n{(e.stdout or '')[-4000:]}") from e
-    log = proc.stdout + proc.stderr
-    run = SimRun(proc.returncode, time.perf_counter() - start, Path(workspace), log, Path(job))
+    if _FORK_SERVER is not None:
+        returncode, stdout, log = _run_forked(cmd[3:], full_env, timeout)
+    else:
+        try:
+            proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            returncode, stdout = None, e.stdout or ""
+        else:
+            returncode, stdout, log = proc.returncode, proc.stdout, proc.stdout + proc.stderr
+    if returncode is None:
+        raise MedflareError(f"simulator run of '{job}' exceeded {timeout:.0f} s:\n{stdout[-4000:]}")
+    run = SimRun(returncode, time.perf_counter() - start, Path(workspace), log, Path(job))
     if audit:
         AUDITED.append(run)
     return run
+
+
+def start_fork_server(jobs: str | os.PathLike) -> None:
+    """Run every later :func:`run_simulator` of this process in a fork of one process that imported FLARE's simulator,
+    torch, MONAI and the server components of every job folder under ``jobs`` once (for a process that runs many jobs:
+    the test suite).
+
+    A run is the same `nvflare simulator` command (:func:`nvflare.cli.main`: same arguments, environment, working
+    folder, output and return code); only its process is a fork instead of a fresh interpreter, so the simulator and
+    its FL server (FLARE forks the server from it) skip those imports: about 7 s of CPU a run. The sites are fresh
+    processes, as FLARE starts them. The fork server starts here and imports in the background.
+    """
+    global _FORK_SERVER
+    if _FORK_SERVER is not None:
+        return
+    from medflare.jobs.customize import components
+
+    modules = {str(c["path"]).rsplit(".", 1)[0] for p in sorted(Path(jobs).glob("*/app*/config/config_fed_server.json"))
+               for c in components(json.loads(p.read_text()), filters=True)}
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([*FORK_SERVER_PRELOAD, *sorted(modules), __name__])
+    old = {k: os.environ.get(k) for k in RUN_ENV}
+    os.environ.update(RUN_ENV)  # read at a process's start (the allocator's arenas): the fork server's are its forks'
+    try:
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    _FORK_SERVER = context
+
+
+def _run_forked(argv: list[str], env: dict[str, str], timeout: float) -> tuple[int | None, str, str]:
+    """``nvflare <argv>`` in a fork of the fork server: (return code or None on timeout, stdout, stdout + stderr)."""
+    with tempfile.TemporaryDirectory(prefix="medflare-simulator-") as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        proc = _FORK_SERVER.Process(target=_simulate, args=(argv, env, os.getcwd(), str(out), str(err)))
+        proc.start()
+        proc.join(timeout)
+        returncode = proc.exitcode
+        if returncode is None:
+            proc.kill()
+            proc.join()
+        stdout = out.read_text(errors="replace") if out.is_file() else ""
+        stderr = err.read_text(errors="replace") if err.is_file() else ""
+    return returncode, stdout, stdout + stderr
+
+
+def _simulate(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str) -> None:
+    """In a fork of the fork server: ``nvflare <argv>`` as if started with ``env`` in ``cwd``, its output (and the
+    sites', which inherit it) in the files ``out`` and ``err``; its exit status is the fork's."""
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    sys.argv = ["nvflare", *argv]
+    # as in a fresh `nvflare simulator` process on Linux: FLARE's server process is a fork of this one (with its imports
+    # and environment), not of a new fork server (a fork server's children inherit its start method)
+    multiprocessing.set_start_method("fork", force=True)
+    from nvflare.cli import main
+
+    main()
 
 
 def read_scalars(tb_root: str | os.PathLike) -> dict[str, dict[str, list[tuple[int, float]]]]:

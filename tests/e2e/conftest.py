@@ -1,0 +1,33 @@
+"""Simulator runs of a session with end-to-end tests: forked from one warm process, with a short end-of-run wait, two at
+a time in the background (:class:`tests.e2e.Simulations`)."""
+
+import os
+
+import pytest
+
+from . import REPO, Simulations
+
+#: simulator runs at once (1: one after the other, each when its first test needs it)
+PARALLEL_ENV = "MEDFLARE_TEST_PARALLEL_RUNS"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fast_simulator_runs(medflare_cache):
+    """Each run a fork of one process that imported FLARE, torch, MONAI and the jobs' server components once
+    (:func:`medflare.jobs.simulate.start_fork_server`), and FLARE's end-of-run wait for late events cut from 2 s to
+    0.5 s (its ``end_run_readiness_timeout``; the sites send their events before their last results). Together about
+    8 s a run on the 2-core machine."""
+    from medflare.jobs import simulate
+
+    simulate.start_fork_server(REPO / "jobs")
+    simulate.RUN_ENV["NVFLARE_END_RUN_READINESS_TIMEOUT"] = "0.5"
+    yield
+    simulate.RUN_ENV.pop("NVFLARE_END_RUN_READINESS_TIMEOUT", None)
+
+
+@pytest.fixture(scope="session")
+def simulations(request, tmp_path_factory):
+    """The session's :class:`~tests.e2e.Simulations` (``$MEDFLARE_TEST_PARALLEL_RUNS`` at once, default 2)."""
+    sims = Simulations(request.session, tmp_path_factory, int(os.environ.get(PARALLEL_ENV, "2")))
+    yield sims
+    sims.close()

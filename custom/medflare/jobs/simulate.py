@@ -11,6 +11,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,7 +35,11 @@ BASE_ENV: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar
 _FORK_SERVER: multiprocessing.context.ForkServerContext | None = None
 #: what a fork server imports once besides the jobs' server components: FLARE's simulator, torch (with the part that
 #: its optimisers import on first use) and MONAI
-FORK_SERVER_PRELOAD = ["nvflare.cli", "nvflare.private.fed.app.simulator.simulator_runner", "torch", "torch._dynamo", "monai"]
+FORK_SERVER_PRELOAD = ["nvflare.cli", "nvflare.private.fed.app.simulator.simulator_runner", "torch", "torch._dynamo", "monai",
+                       # what a site's process (FLARE's simulator_worker) imports
+                       "nvflare.private.fed.app.deployer.base_client_deployer", "nvflare.private.fed.client.client_engine",
+                       "nvflare.private.fed.client.fed_client", "nvflare.private.fed.simulator.simulator_app_runner",
+                       "nvflare.private.fed.simulator.simulator_audit", "nvflare.private.fed.utils.fed_utils"]
 
 
 @dataclass
@@ -188,7 +193,7 @@ def start_fork_server(jobs: str | os.PathLike) -> None:
         return
     from medflare.jobs.customize import components
 
-    modules = {str(c["path"]).rsplit(".", 1)[0] for p in sorted(Path(jobs).glob("*/app*/config/config_fed_server.json"))
+    modules = {str(c["path"]).rsplit(".", 1)[0] for p in sorted(Path(jobs).glob("*/app*/config/config_fed_*.json"))
                for c in components(json.loads(p.read_text()), filters=True)}
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([*FORK_SERVER_PRELOAD, *sorted(modules), __name__])
@@ -211,7 +216,10 @@ def _run_forked(argv: list[str], env: dict[str, str], timeout: float) -> tuple[i
     """``nvflare <argv>`` in a fork of the fork server: (return code or None on timeout, stdout, stdout + stderr)."""
     with tempfile.TemporaryDirectory(prefix="medflare-simulator-") as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-        proc = _FORK_SERVER.Process(target=_simulate, args=(argv, env, os.getcwd(), str(out), str(err)))
+        from multiprocessing import forkserver
+
+        address = forkserver._forkserver._forkserver_address  # noqa: SLF001 - its sites start from the same fork server
+        proc = _FORK_SERVER.Process(target=_simulate, args=(argv, env, os.getcwd(), str(out), str(err), address))
         proc.start()
         proc.join(timeout)
         returncode = proc.exitcode
@@ -223,15 +231,10 @@ def _run_forked(argv: list[str], env: dict[str, str], timeout: float) -> tuple[i
     return returncode, stdout, stdout + stderr
 
 
-def _simulate(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str) -> None:
+def _simulate(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str, address: str) -> None:
     """In a fork of the fork server: ``nvflare <argv>`` as if started with ``env`` in ``cwd``, its output (and the
     sites', which inherit it) in the files ``out`` and ``err``; its exit status is the fork's."""
-    for fd, path in ((1, out), (2, err)):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(target, fd)
-        os.close(target)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    _redirect(out, err)
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
@@ -239,9 +242,95 @@ def _simulate(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str
     # as in a fresh `nvflare simulator` process on Linux: FLARE's server process is a fork of this one (with its imports
     # and environment), not of a new fork server (a fork server's children inherit its start method)
     multiprocessing.set_start_method("fork", force=True)
+    _reach_fork_server(address)
+    subprocess.Popen = _site_process_factory(subprocess.Popen, out, err)
     from nvflare.cli import main
 
     main()
+
+
+def _reach_fork_server(address: str) -> None:
+    """Let this fork of the fork server ask it for further processes (the sites'): a fork knows the server's liveness
+    pipe but not its address, and would otherwise start a new, empty fork server."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # noqa: SLF001
+    server._forkserver_address = address
+    server.ensure_running = lambda: None  # it runs: the run's process started it
+
+
+def _redirect(out: str, err: str) -> None:
+    """This process's stdout and stderr appended to the files ``out`` and ``err`` (shared with the run's other processes)."""
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+
+
+#: the module FLARE's simulator starts each site's process with (``python -m <module> ...``)
+SITE_WORKER = "nvflare.private.fed.app.simulator.simulator_worker"
+
+
+def _site_process_factory(popen, out: str, err: str):
+    """``subprocess.Popen`` for a forked simulator: a site's process (``python -m`` :data:`SITE_WORKER`) is started from
+    the fork server, which has imported FLARE, torch, MONAI and the jobs' components once, with the command's arguments
+    and environment and its output in the run's files ``out`` and ``err``; any other command is ``popen``'s."""
+
+    def start(args, *rest, **kwargs):
+        if isinstance(args, (list, tuple)) and SITE_WORKER in args:
+            argv = list(args)[list(args).index(SITE_WORKER) + 1:]
+            return _ForkedSite(argv, dict(kwargs.get("env") or os.environ), out, err)
+        return popen(args, *rest, **kwargs)
+
+    return start
+
+
+class _ForkedSite:
+    """The part of ``subprocess.Popen`` FLARE's simulator uses, for a site process started by the fork server."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], out: str, err: str):
+        self._proc = multiprocessing.get_context("forkserver").Process(target=_site_worker, args=(argv, env, out, err),
+                                                                        name="medflare-site-worker")
+        self._proc.start()
+        self.pid = self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.exitcode
+
+    def poll(self) -> int | None:
+        return self._proc.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._proc.join(timeout)
+        if self._proc.exitcode is None:
+            raise subprocess.TimeoutExpired(SITE_WORKER, timeout)
+        return self._proc.exitcode
+
+    def terminate(self) -> None:
+        if self._proc.exitcode is None:
+            self._proc.terminate()
+
+    def kill(self) -> None:
+        if self._proc.exitcode is None:
+            self._proc.kill()
+
+
+def _site_worker(argv: list[str], env: dict[str, str], out: str, err: str) -> None:
+    """In a fork of the fork server: ``python -m`` :data:`SITE_WORKER` ``argv`` as FLARE's simulator starts it (its own
+    session, the command's environment, PYTHONPATH on ``sys.path``), output appended to the run's files."""
+    import runpy
+
+    _redirect(out, err)
+    os.setsid()
+    os.environ.clear()
+    os.environ.update(env)
+    sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    multiprocessing.set_start_method("fork", force=True)  # a fresh interpreter's default on Linux
+    sys.argv = [SITE_WORKER, *argv]
+    runpy.run_module(SITE_WORKER, run_name="__main__", alter_sys=True)
 
 
 def read_scalars(tb_root: str | os.PathLike) -> dict[str, dict[str, list[tuple[int, float]]]]:

@@ -13,10 +13,10 @@ PARALLEL_ENV = "MEDFLARE_TEST_PARALLEL_RUNS"
 
 @pytest.fixture(scope="session", autouse=True)
 def fast_simulator_runs(medflare_cache):
-    """Each run a fork of one process that imported FLARE, torch, MONAI and the jobs' server components once
-    (:func:`medflare.jobs.simulate.start_fork_server`), and FLARE's end-of-run wait for late events cut from 2 s to
-    0.5 s (its ``end_run_readiness_timeout``; the sites send their events before their last results). Together about
-    8 s a run on the 2-core machine."""
+    """Each run, and each of its sites' processes, a fork of one process that imported FLARE, torch, MONAI and the
+    jobs' components once (:func:`medflare.jobs.simulate.start_fork_server`), and FLARE's end-of-run wait for late
+    events cut from 2 s to 0.5 s (its ``end_run_readiness_timeout``; the sites send their events before their last
+    results). tests/e2e/test_hostile_sites.py on the idle 2-core machine: 141 s without, 51 s with."""
     from medflare.jobs import simulate
 
     simulate.start_fork_server(REPO / "jobs")

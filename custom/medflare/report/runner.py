@@ -62,9 +62,11 @@ class _Polling:
 
 
 class PeakMemory(_Polling):
-    """Peak resident memory (MB) of each process whose command line names ``marker`` (the run's workspace),
-    sampled every ``interval`` s in a thread: ``{client name or "server": MB}`` (a simulator site's worker is
-    ``--client <name>``; the simulator's own processes, which host the server, count as "server")."""
+    """Peak resident memory (MB) of each process whose command line names ``marker`` (the run's workspace) or whose
+    working folder is in it, sampled every ``interval`` s in a thread: ``{client name or "server": MB}`` (a simulator
+    site's worker is ``--client <name>`` and works in ``<workspace>/<name>``; the simulator's own processes, which host
+    the server, count as "server"). The working folder finds a site process started by a fork, whose command line is
+    its parent's (the test suite's fork server, :func:`medflare.jobs.simulate.start_fork_server`)."""
 
     def __init__(self, marker: str, interval: float = 1.0):
         super().__init__(interval)
@@ -74,12 +76,18 @@ class PeakMemory(_Polling):
     def poll(self) -> None:
         import psutil
 
-        for proc in psutil.process_iter(["cmdline", "memory_info"]):
-            cmd = proc.info.get("cmdline") or []
+        root = Path(self.marker)
+        for proc in psutil.process_iter(["cmdline", "memory_info", "cwd"]):
+            cmd, cwd = proc.info.get("cmdline") or [], proc.info.get("cwd") or ""
             mem = proc.info.get("memory_info")
-            if mem is None or not any(self.marker in part for part in cmd):
+            if mem is None:
                 continue
-            name = cmd[cmd.index("--client") + 1] if "--client" in cmd[:-1] else "server"
+            if any(self.marker in part for part in cmd):
+                name = cmd[cmd.index("--client") + 1] if "--client" in cmd[:-1] else "server"
+            elif cwd and Path(cwd).is_relative_to(root):
+                name = (Path(cwd).relative_to(root).parts or ("server",))[0]
+            else:
+                continue
             self.peak[name] = max(self.peak.get(name, 0.0), mem.rss / 2**20)
 
 

@@ -469,6 +469,27 @@ def test_persistor_builds_the_container_when_configured_and_writes_the_registry_
     assert sm.sites == sites and sm.info["gamma"] == pytest.approx(0.1) and sm.selector.global_class
 
 
+def test_record_gamma_rewrites_the_best_file_and_every_later_save_keeping_the_weights(tmp_path):
+    from nvflare.apis.fl_context import FLContext
+
+    from medflare.fedsm.persistor import BEST_SUPER_MODEL_FILE, SuperModelPersistor
+
+    sites = ["site-1", "site-2"]
+    pers = SuperModelPersistor(preset=TINY, seed=4)
+    pers.configure(sites, selector_spec(MODEL, sites, global_class=False), softpull_lambda=0.6, gamma=0.05)
+    pers.load_model(FLContext())
+    pers.log_dir = str(tmp_path)  # the app folder FLARE gives it at START_RUN
+    best = tmp_path / BEST_SUPER_MODEL_FILE
+    pers.save_model_file(str(best))  # a best file saved in an earlier round, at the configured gamma
+    before = load_super_model(best)
+    pers.record_gamma(0.01)
+    after = load_super_model(best)
+    assert (before.info["gamma"], after.info["gamma"]) == (pytest.approx(0.05), pytest.approx(0.01))
+    assert all(torch.equal(a, b) for a, b in zip(before.global_model.state_dict().values(), after.global_model.state_dict().values()))
+    pers.save_model_file(str(tmp_path / "final.pt"))
+    assert load_super_model(tmp_path / "final.pt").info["gamma"] == pytest.approx(0.01)
+
+
 # ---- the site's reply as FLARE's filters and the server see it ----------------------------------------
 def _train_reply():
     from nvflare.apis.dxo import DXO, DataKind, MetaKey

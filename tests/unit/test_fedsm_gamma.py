@@ -43,8 +43,9 @@ def test_the_unseen_score_leaves_the_site_out_and_routes_to_the_nearest_other_si
     ([0.9, 0.1, 0.15], 0.7, "global"),   # dissimilar sites: the global model serves a new site better
 ])
 def test_the_chosen_gamma_is_the_better_route_for_an_unseen_site(person, global_score, better):
-    per_site = {f"hospital-{own}": _site(own, [p if i == own else q for i, (p, q) in enumerate(zip([0.9] * 3, person))],
-                                         global_score) for own in range(3)}
+    # each site's own model scores 0.9 on its cases, the others' models ``person[i]``
+    per_site = {f"hospital-{own}": _site(own, [0.9 if i == own else person[i] for i in range(3)], global_score)
+                for own in range(3)}
     gamma, table = choose_gamma(per_site, "dice", default=0.05)
     unseen = {g: u for g, (_, u) in table.items()}
     assert unseen[gamma] == pytest.approx(max(unseen.values()))

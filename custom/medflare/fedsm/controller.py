@@ -172,7 +172,6 @@ class FedSMController(SiteRounds):
         rows = "; ".join(f"gamma {g:g}: seen {100 * seen:.2f} %, unseen {100 * unseen:.2f} %" for g, (seen, unseen) in table.items())
         self.info(f"gamma chosen on the sites' validation cases ({len(per_site)} sites, mean {self.key} as seen sites and "
                   f"left out one at a time): {gamma:g} (configured {self.gamma:g}); {rows}")
-        self.gamma = gamma
         self.persistor.record_gamma(gamma)
 
     def _report(self, results: Mapping[str, FLModel], rnd: int, total: int) -> None:

@@ -76,15 +76,16 @@ class SuperModelPersistor(PTFileModelPersistor):
         """The run's gamma as chosen at the end of training (:meth:`FedSMController._choose_gamma`): every file saved
         from now on records it, and a best file saved before is rewritten to record it (its weights unchanged)."""
         self._layout["gamma"] = float(gamma)
-        conf = dict(self.persistence_manager.train_conf or {})
-        conf["medflare"] = {**conf.get("medflare", {}), "gamma": float(gamma)}
-        self.persistence_manager.train_conf = conf
+        self.persistence_manager.train_conf = self._train_conf()
         best = os.path.join(self.log_dir, self.best_global_model_file_name)
         if os.path.isfile(best):
-            data = read_checkpoint(best)
-            train_conf = dict(data.get("train_conf") or {})
-            train_conf["medflare"] = {**(train_conf.get("medflare") or {}), "gamma": float(gamma)}
-            save_checkpoint({**data, "train_conf": train_conf}, best)
+            save_checkpoint({**read_checkpoint(best), "train_conf": self._train_conf()}, best)
+
+    def _train_conf(self) -> dict[str, Any]:
+        """What a saved file records besides the weights: the description the registry rebuilds the container from."""
+        layout = self._layout
+        return {"medflare": super_model_description(self.preset, self.overrides, layout["sites"], layout["selector_spec"],
+                                                    layout["softpull_lambda"], layout["gamma"])}
 
     def load_model(self, fl_ctx: FLContext):
         if self._layout is None:
@@ -96,9 +97,7 @@ class SuperModelPersistor(PTFileModelPersistor):
             if self.source_ckpt_file_full_name:
                 self._check_resume_file()  # FLARE's loader below then reads the weights from it
         learnable = super().load_model(fl_ctx)
-        # The file describes itself: the registry rebuilds the container from this entry.
-        self.persistence_manager.train_conf = {"medflare": super_model_description(
-            self.preset, self.overrides, self._layout["sites"], self._layout["selector_spec"], self._layout["softpull_lambda"], self._layout["gamma"])}
+        self.persistence_manager.train_conf = self._train_conf()  # the file describes itself
         return learnable
 
     def _check_resume_file(self) -> None:

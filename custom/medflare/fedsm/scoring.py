@@ -17,8 +17,8 @@ Metrics (``key`` is the preset's key metric, e.g. ``dice``):
     selected_own / selected_global / selected_other: where Algorithm 2 at gamma sends the cases.
 
 The final round also scores every threshold of :data:`GAMMA_GRID` (:func:`gamma_sweep`): the super model at that gamma
-as this site's cases meet it (``super_<key>_g<gamma>``), and as they would meet it were this site new to the
-federation (``unseen_<key>_g<gamma>``: leave this site out, its selector column and its personalised model removed,
+as this site's cases meet it (``sweep_super_<key>_g<gamma>``), and as they would meet it were this site new to the
+federation (``sweep_unseen_<key>_g<gamma>``: leave this site out, its selector column and its personalised model removed,
 so a case goes to the most typical *other* site's model or, below gamma, to the global model). The server picks the
 super model's gamma from those scores (:func:`choose_gamma`) instead of keeping a fixed one: whether an unseen site is
 better served by the nearest personalised model or by the global model depends on the federation (on the synthetic
@@ -39,8 +39,8 @@ from medflare.metrics.site_mean import site_mean
 
 #: the thresholds the final round scores and the server chooses among (0: never the global model, 1: always)
 GAMMA_GRID = (0.0, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0)
-#: a sweep score's name: ``super`` or ``unseen``, the key metric, the threshold (``unseen_dice_g0.05``)
-SWEEP_NAME = "{what}_{key}_g{gamma:g}"
+#: a sweep score's name: ``super`` or ``unseen``, the key metric, the threshold (``sweep_unseen_dice_g0.05``)
+SWEEP_NAME = "sweep_{what}_{key}_g{gamma:g}"
 
 #: (batch, logits) -> (B, 2, K) per-case, per-class key metric (row 0) and class presence (row 1, see :func:`case_scorer`)
 CaseScorer = Callable[[Mapping[str, Any], torch.Tensor], torch.Tensor]
@@ -137,7 +137,7 @@ def summarize(
     }
     if person_names is not None:
         table = torch.stack([g, *(case_scores[name] for name in person_names)])  # (K + 1, N, ...), row 0 = global
-        out[f"super_{key}"] = site_score(table[(choice + 1).clamp(min=0), torch.arange(len(choice))])
+        out[f"super_{key}"] = _routed(table, choice)
         if sweep:
             out.update(gamma_sweep(table, typicality, head, own, key))
     out["selector_acc"] = float((typicality.argmax(1) == own).double().mean())
@@ -154,14 +154,15 @@ def _routed(table: torch.Tensor, choice: torch.Tensor) -> float:
 
 def gamma_sweep(table: torch.Tensor, typicality: torch.Tensor, head: torch.Tensor | None, own: int, key: str,
                 grid: Sequence[float] = GAMMA_GRID) -> dict[str, float]:
-    """For each ``gamma`` of ``grid``: ``super_<key>_g<gamma>``, Algorithm 2 at that threshold on this site's cases, and
-    ``unseen_<key>_g<gamma>``, the same with this site left out (see the module docstring).
+    """For each ``gamma`` of ``grid``: ``sweep_super_<key>_g<gamma>``, Algorithm 2 at that threshold on this site's
+    cases, and ``sweep_unseen_<key>_g<gamma>``, the same with this site left out (see the module docstring).
 
     ``table`` (K + 1, N, ...): per-case scores, row 0 the global model, row 1 + i site i's personalised model;
     ``typicality`` (N, K) and ``head`` (N, K + 1) or None: the selector's outputs; ``own``: this site's index. Each
     site's typicality is its own Gaussian's tail probability (:mod:`medflare.fedsm.density`), so dropping a column is
-    the selector without that site. The models still learnt from it (FedAvg and SoftPull), so the unseen scores are an
-    optimistic stand-in for a new site's, the same for every gamma.
+    the selector without that site. The models still learnt from it, the global model with its full FedAvg weight and
+    another site's personalised model only through SoftPull's share, so the unseen scores flatter the global route
+    most (jobs/fedsm/README.md, "Choosing gamma").
     """
     others = [i for i in range(typicality.shape[1]) if i != own]
     rows = [0, *(i + 1 for i in others)]
@@ -178,8 +179,8 @@ def gamma_sweep(table: torch.Tensor, typicality: torch.Tensor, head: torch.Tenso
 
 
 def is_sweep_score(name: str) -> bool:
-    """Whether a metric's name is one of :func:`gamma_sweep`'s."""
-    return name.startswith(("super_", "unseen_")) and "_g" in name and name.rsplit("_g", 1)[1].replace(".", "", 1).isdigit()
+    """Whether a metric's name is one of :func:`gamma_sweep`'s (:data:`SWEEP_NAME`)."""
+    return name.startswith("sweep_")
 
 
 def choose_gamma(per_site: Mapping[str, Mapping[str, float]], key: str, default: float,

@@ -235,8 +235,9 @@ def _run_forked(argv: list[str], env: dict[str, str], timeout: float) -> tuple[i
 
 
 def _simulate(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str, address: str) -> None:
-    """In a fork of the fork server: ``nvflare <argv>`` as if started with ``env`` in ``cwd``, its output (and the
-    sites', which inherit it) in the files ``out`` and ``err``; its exit status is the fork's."""
+    """In a fork of the fork server: ``nvflare <argv>`` as if started with ``env`` in ``cwd``, its output (and its
+    sites', :func:`_site_worker`) appended to the files ``out`` and ``err``; its exit status is the fork's. ``address``:
+    the fork server's, from which the sites' processes start."""
     _redirect(out, err)
     os.environ.clear()
     os.environ.update(env)
@@ -304,7 +305,7 @@ class _ForkedSite:
         return self._proc.exitcode
 
     def poll(self) -> int | None:
-        return self._proc.exitcode
+        return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         self._proc.join(timeout)

@@ -75,6 +75,33 @@ class Simulations:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
+#: a network small enough for the 16 x 16 image-file sites of :func:`image_file_sites`
+TINY_UNET = {"in_channels": 1, "out_channels": 3, "channels": [4, 8], "strides": [2]}
+#: the data block that reads those sites' datalists (3 classes, one channel, 16 x 16)
+IMAGE_FILES = {"channels": 1, "num_classes": 3, "labels": "as_is", "image_size": [16, 16]}
+
+
+def image_file_sites(folder: Path, sites: list[str]) -> Path:
+    """Tiny segmentation sites as image files and datalists under ``folder / "data"`` (what ``MEDFLARE_DATA`` names)."""
+    from medflare.data import make_seg_site
+
+    for site in sites:
+        make_seg_site(site, folder / "data", image_size=16, num_classes=3, scale=0.2)
+    return folder / "data"
+
+
+def fedavg_on_image_files(repo: Path, folder: Path, sites: list[str], overrides: dict, rounds: int, **job_args):
+    """jobs/fedavg at the ``seg_images_2d`` preset with ``overrides`` on the sites of :func:`image_file_sites` (made
+    first), ``job_args`` passed to :func:`medflare.jobs.customize.customize_job`; the SimRun."""
+    from medflare.data.util import DATA_ENV
+    from medflare.jobs.customize import customize_job
+    from medflare.jobs.simulate import run_simulator
+
+    job = customize_job(repo / "jobs" / "fedavg", folder / "job", preset="seg_images_2d", overrides=overrides,
+                        workflow_args={"num_rounds": rounds, "num_clients": len(sites)}, **job_args)
+    return run_simulator(job, folder / "ws", len(sites), clients=sites, timeout=300, env={DATA_ENV: str(folder / "data")})
+
+
 def _result(simulations: Simulations, request: pytest.FixtureRequest):
     return simulations.result(request)
 

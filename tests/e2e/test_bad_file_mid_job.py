@@ -15,20 +15,14 @@ import pytest
 
 from medflare.common.results import read_checkpoint
 from medflare.common.update_guard import nonfinite_paths
-from medflare.data import make_seg_site
-from medflare.data.util import DATA_ENV
-from medflare.jobs.customize import customize_job
-from medflare.jobs.simulate import run_simulator
-
-from . import simulation
+from . import IMAGE_FILES, TINY_UNET, fedavg_on_image_files, image_file_sites, simulation
 
 pytestmark = pytest.mark.slow
 
 CLIENTS = ["site-1", "site-2", "site-3"]
 BAD = "site-3"
 ROUNDS = 3
-TINY = {"data": {"channels": 1, "num_classes": 3, "labels": "as_is", "image_size": [16, 16], "cache": {"mode": "none"}},
-        "model": {"args": {"in_channels": 1, "out_channels": 3, "channels": [4, 8], "strides": [2]}}}
+TINY = {"data": {**IMAGE_FILES, "cache": {"mode": "none"}}, "model": {"args": TINY_UNET}}
 
 
 def aggregated_per_round(log: str) -> dict[int, int]:
@@ -44,16 +38,12 @@ def aggregated_per_round(log: str) -> dict[int, int]:
 
 def _sabotaged(repo, tmp_path):
     """(the damaged file, the run)"""
-    for site in CLIENTS:
-        make_seg_site(site, tmp_path / "data", image_size=16, num_classes=3, scale=0.2)
-    victim = tmp_path / "data" / json.loads((tmp_path / "data" / f"{BAD}.json").read_text())["training"][0]["image"]
+    data = image_file_sites(tmp_path, CLIENTS)
+    victim = data / json.loads((data / f"{BAD}.json").read_text())["training"][0]["image"]
     sabotage = [{"tasks": ["train"], "filters": [{"path": "medflare.testing.sabotage.DamageFileFilter",
                                                   "args": {"site": BAD, "path": str(victim), "at_round": 1, "damage": "truncate"}}]}]
-    folder = customize_job(repo / "jobs" / "fedavg", tmp_path / "job", preset="seg_images_2d", overrides=TINY,
-                           workflow_args={"num_rounds": ROUNDS, "num_clients": len(CLIENTS)},
-                           executor_args={"overlay_every": 100}, task_data_filters=sabotage)
-    return victim, run_simulator(folder, tmp_path / "ws", len(CLIENTS), clients=CLIENTS, timeout=300,
-                                 env={DATA_ENV: str(tmp_path / "data")})
+    return victim, fedavg_on_image_files(repo, tmp_path, CLIENTS, TINY, ROUNDS, executor_args={"overlay_every": 100},
+                                         task_data_filters=sabotage)
 
 
 RUNS = {"sabotaged_run": _sabotaged}  # started in the background (tests/e2e/__init__.py)

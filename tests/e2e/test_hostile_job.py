@@ -4,30 +4,20 @@ is written there (issue 17, Security)."""
 
 import pytest
 
-from medflare.data import make_seg_site
-from medflare.data.util import DATA_ENV
-from medflare.jobs.customize import customize_job
-from medflare.jobs.simulate import run_simulator
-
-from . import simulation
+from . import IMAGE_FILES, TINY_UNET, fedavg_on_image_files, image_file_sites, simulation
 
 pytestmark = pytest.mark.slow
 
 CLIENTS = ["site-1", "site-3"]
-TINY = {"channels": 1, "num_classes": 3, "labels": "as_is", "image_size": [16, 16]}
 
 
 def _hostile(repo, tmp_path):
     """(the folder the job points the cache at, the run)"""
-    for site in CLIENTS:  # the sites' own data, so that only the job's path can stop them
-        make_seg_site(site, tmp_path / "data", image_size=16, num_classes=3, scale=0.2)
+    image_file_sites(tmp_path, CLIENTS)  # the sites' own data, so that only the job's path can stop them
     target = tmp_path / "stolen"
-    overrides = {"data": {**TINY, "cache": {"mode": "disk", "dir": f"../../../../../../..{target}"}},
-                 "model": {"args": {"in_channels": 1, "out_channels": 3, "channels": [4, 8], "strides": [2]}}}
-    folder = customize_job(repo / "jobs" / "fedavg", tmp_path / "job", preset="seg_images_2d", overrides=overrides,
-                           workflow_args={"num_rounds": 2, "num_clients": len(CLIENTS)})
-    return target, run_simulator(folder, tmp_path / "ws", len(CLIENTS), clients=CLIENTS, timeout=300,
-                                 env={DATA_ENV: str(tmp_path / "data")})
+    overrides = {"data": {**IMAGE_FILES, "cache": {"mode": "disk", "dir": f"../../../../../../..{target}"}},
+                 "model": {"args": TINY_UNET}}
+    return target, fedavg_on_image_files(repo, tmp_path, CLIENTS, overrides, 2)
 
 
 RUNS = {"hostile_run": _hostile}  # started in the background (tests/e2e/__init__.py)

@@ -336,7 +336,7 @@ def table_seg(args, device) -> dict:
             model = fedavg_model(preset, {"train": {"epochs": args.fedavg_epochs}}, sites, args.fedavg_rounds, seed)
             rows["FedAvg"][seed] = fed.per_site(model, list(keys))
         for name, row in zip(args.variants, fediod_rows):
-            run = fed.distill(args.seg_rounds, fediod=seg_overrides(fed.cfg, SEG_VARIANTS[name]), label=f"{row}_seed{seed}",
+            run = fed.distill(args.seg_rounds, fediod=seg_overrides(fed.cfg, seg_variant(name)), label=f"{row}_seed{seed}",
                               samples_dir=args.out / "samples")
             rows[row][seed] = run["per_site"]
         log(f"seed {seed}: " + ", ".join(f"{n} {100 * _site_mean(r[seed], 'dice'):.2f}" for n, r in rows.items() if seed in r))
@@ -358,38 +358,43 @@ def table_seg(args, device) -> dict:
     return {"rows": rows, "summary": summary, "markdown": "\n".join(md)}
 
 
-#: candidate causes / fixes of the segmentation student, each a change of the preset's fediod section (--variants)
-#: ("styles": N gives the preset's label generator N style codes, one site's style per generated input)
-SEG_VARIANTS: dict[str, dict[str, Any]] = {
-    "preset": {},
-    "paper": {"styles": 0, "lambda_label": 0.0, "student_label": 0.0, "student_steps": 1, "replay_size": 0, "mimic_tau": 0.0,
-              "lambda_gan": 1.0, "lambda_conf": 1.0, "lambda_unique": 1.0, "lambda_mimic": 1.0, "lr_generator": 1e-3,
-              "lr_discriminator": 1e-3, "lr_student": 1e-3},
+#: the segmentation run of the report (session 24): the paper's losses and Algorithm 1's student, as fediod_seg had them
+SEG_PAPER: dict[str, Any] = {"styles": 0, "lambda_label": 0.0, "student_label": 0.0, "student_steps": 1, "replay_size": 0,
+                             "mimic_tau": 0.0, "lambda_gan": 1.0, "lambda_conf": 1.0, "lambda_unique": 1.0, "lambda_mimic": 1.0,
+                             "lr_generator": 1e-3, "lr_discriminator": 1e-3, "lr_student": 1e-3}
+#: candidate causes / fixes of the segmentation student (--variants), each a change of SEG_PAPER ("preset" = the shipped
+#: preset as it is): "styles" N gives the label generator N style codes, one site per generated input, judged by that
+#: site's critic alone; "weights" the classification CPU presets' loss weights (tau = 1 KL for L_mimic, realism weighted
+#: up); "label" G's label term (lambda_label), "student_label" the student's; "replay" the student's replay
+_SEG_CHANGES: dict[str, dict[str, Any]] = {
     "styles": {"styles": 8},
+    "weights": {"mimic_tau": 1.0, "lambda_gan": 5.0, "lambda_conf": 0.2, "lambda_unique": 0.2, "lambda_mimic": 0.5},
     "label": {"lambda_label": 1.0},
     "student_label": {"student_label": 1.0},
-    "label+student_label": {"lambda_label": 1.0, "student_label": 1.0},
-    "styles+label": {"styles": 8, "lambda_label": 1.0},
-    "styles+label+student_label": {"styles": 8, "lambda_label": 1.0, "student_label": 1.0},
-    "styles+student_label": {"styles": 8, "student_label": 1.0},
+    "label3": {"lambda_label": 3.0},
+    "student_label3": {"student_label": 3.0},
+    "replay": {"student_steps": 6, "replay_size": 2048, "lr_generator": 2e-3, "lr_discriminator": 2e-3, "lr_student": 3e-3},
+    "2x": {"windows_per_round": 8},
 }
-#: the classification CPU presets' loss weights (tau = 1 KL for L_mimic, realism weighted up against the teacher terms)
-_CPU_WEIGHTS = {"mimic_tau": 1.0, "lambda_gan": 5.0, "lambda_conf": 0.2, "lambda_unique": 0.2, "lambda_mimic": 0.5}
-SEG_VARIANTS.update({f"weights+{k}" if k != "preset" else "weights": {**_CPU_WEIGHTS, **v} for k, v in list(SEG_VARIANTS.items())
-                     if k in ("preset", "styles", "label+student_label", "styles+label+student_label")})
-#: the student's replay of the classification presets (6 steps per generated batch, a bank of past inputs)
-_REPLAY = {"student_steps": 6, "replay_size": 2048, "lr_generator": 2e-3, "lr_discriminator": 2e-3, "lr_student": 3e-3}
-SEG_VARIANTS.update({f"{k}+replay": {**v, **_REPLAY} for k, v in list(SEG_VARIANTS.items())
-                     if k in ("weights", "weights+styles", "weights+label+student_label", "weights+styles+label+student_label",
-                              "styles+label+student_label")})
-SEG_VARIANTS["weights+styles+label+student_label+replay+2x"] = {**SEG_VARIANTS["weights+styles+label+student_label+replay"],
-                                                               "windows_per_round": 8}
-SEG_VARIANTS["weights+styles+label+student_label3+replay"] = {**SEG_VARIANTS["weights+styles+label+student_label+replay"],
-                                                              "student_label": 3.0, "lambda_label": 3.0}
+
+
+def seg_variant(name: str) -> dict[str, Any]:
+    """The fediod changes of ``name``: "preset", "paper", or "+"-joined names of :data:`_SEG_CHANGES` on SEG_PAPER
+    (e.g. ``weights+styles+label3+student_label3+replay``, the shipped fediod_seg)."""
+    if name == "preset":
+        return {}
+    out = dict(SEG_PAPER)
+    for part in name.split("+"):
+        if part == "paper":
+            continue
+        if part not in _SEG_CHANGES:
+            raise SystemExit(f"unknown variant part '{part}' in '{name}' (known: paper, preset, {', '.join(_SEG_CHANGES)})")
+        out.update(_SEG_CHANGES[part])
+    return out
 
 
 def seg_overrides(cfg: Mapping[str, Any], variant: Mapping[str, Any]) -> dict[str, Any]:
-    """A variant of :data:`SEG_VARIANTS` as a fediod section override of ``cfg``'s preset."""
+    """A variant (:func:`seg_variant`) as a fediod section override of ``cfg``'s preset."""
     ov = dict(variant)
     if "styles" in ov:
         gen = cfg["fediod"]["generator"]
@@ -428,7 +433,7 @@ def table_seg_diagnosis(args, device) -> dict:
            "|---|---|---|---|---|---|---|---|---|---|"]
     runs = {}
     for name in args.variants:
-        run = fed.distill(args.seg_rounds, fediod=seg_overrides(fed.cfg, SEG_VARIANTS[name]), label=name, probe=seg_probe,
+        run = fed.distill(args.seg_rounds, fediod=seg_overrides(fed.cfg, seg_variant(name)), label=name, probe=seg_probe,
                           samples_dir=args.out / "samples")
         runs[name] = run
         for rnd, p in enumerate(run["probes"], 1):
@@ -549,7 +554,8 @@ def main(argv=None) -> int:
     p.add_argument("--windows", type=int, default=4, help="windows per round in the overhead table")
     p.add_argument("--cls-preset", default="fediod_cls")
     p.add_argument("--seg-preset", default="fediod_seg")
-    p.add_argument("--variants", default="preset", help=f"segdiag: comma-separated names of {list(SEG_VARIANTS)}")
+    p.add_argument("--variants", default="preset", help="seg, segdiag: comma-separated FedIOD-seg variants: preset, paper, or "
+                   f"'+'-joined changes of the paper's settings ({', '.join(_SEG_CHANGES)}); see seg_variant")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--paper", action="store_true", help="paper scale: fediod_cls_paper / fediod_seg_paper, 20 sites, 300 rounds")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")

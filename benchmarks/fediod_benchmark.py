@@ -2,7 +2,8 @@
 federated protocol.
 
     python benchmarks/fediod_benchmark.py --table cls      [--sites 4] [--rounds R] [--betas 1,0.1]
-    python benchmarks/fediod_benchmark.py --table seg      [--sites 4] [--rounds R]
+    python benchmarks/fediod_benchmark.py --table seg      [--seg-sites 6] [--seg-rounds 10] [--seeds 0,1,2] [--variants preset,paper]
+    python benchmarks/fediod_benchmark.py --table segdiag  [--seg-sites 6] [--seg-rounds R] [--variants preset,...]
     python benchmarks/fediod_benchmark.py --table ablation [--beta 0.1]
     python benchmarks/fediod_benchmark.py --table dp       [--sigmas 0,1,4,16,64]
     python benchmarks/fediod_benchmark.py --table overhead [--windows 4]
@@ -85,9 +86,10 @@ class Federation:
                         metrics=self.cfg["eval"]["metrics"], device=self.device)["mean"]
 
     def distill(self, rounds: int, fediod: Mapping[str, Any] | None = None, privacy: PrivacySettings | None = None,
-                label: str = "fediod", samples_dir: Path | None = None) -> dict[str, Any]:
+                label: str = "fediod", samples_dir: Path | None = None, probe=None) -> dict[str, Any]:
         """Stage 2 for ``rounds`` rounds with ``fediod`` as further overrides of the preset's fediod section (any of its
-        keys, checked as a job's overrides are); scores after each round."""
+        keys, checked as a job's overrides are); scores after each round (``probe(self, distiller, federation)`` adds a
+        diagnosis of each round, kept in ``out["probes"]``)."""
         cfg = get_preset(self.preset, {**self.overrides, "fediod": {**self.overrides.get("fediod", {}), **(fediod or {})}})
         fcfg = FedIODConfig.from_preset(cfg)
         sites = {s: site_distiller(cfg, fcfg, s, self.teachers[s], self.data[s].train, privacy, self.seed, self.device) for s in self.sites}
@@ -100,19 +102,23 @@ class Federation:
                          total_steps=steps_total(rounds, fcfg), label_maps=labels, device=self.device, seed=self.seed)
         dist.set_sites(self.infos)
         fed = LocalFederation(sites)
-        curve, tic = [], time.perf_counter()
+        curve, probes, tic = [], [], time.perf_counter()
         key = self.cfg["eval"]["key_metric"]
         for rnd in range(rounds):
             for _ in range(fcfg.windows_per_round):
                 dist.run_window(fed)
             nets.student.eval()
             curve.append(self.score(nets.student, "val")[key])
+            if probe is not None:
+                probes.append(probe(self, dist, fed))
+                log(f"{label} round {rnd + 1}: val {curve[-1]:.3f} {probes[-1]}")
             nets.student.train()
             if len(fed.stopped) == len(sites):
                 break
         nets.student.eval()
         out = {"label": label, "rounds": rnd + 1, "steps": dist.steps, "seconds": time.perf_counter() - tic,
-               "test": self.score(nets.student), "curve": curve,
+               "test": self.score(nets.student), "curve": curve, "probes": probes,
+               "per_site": self.per_site(nets.student, self.cfg["eval"]["metrics"]) if self.task == "segmentation" else {},
                "epsilon": {s: site.epsilon() for s, site in sites.items()}, "stopped": dict(fed.stopped)}
         if samples_dir is not None:
             from PIL import Image
@@ -121,8 +127,18 @@ class Federation:
             grid = sample_grid(window.inputs()[0], window.labels()[0] if window.y is not None else None)
             samples_dir.mkdir(parents=True, exist_ok=True)
             Image.fromarray(grid.transpose(1, 2, 0)).save(samples_dir / f"{label}.png")
-        log(f"{label}: {out['test']} after {out['steps']} steps ({out['seconds']:.0f} s, load {load_avg()})")
+        per_site = "".join(f", {s} {100 * m[key]:.2f}" for s, m in out["per_site"].items())
+        log(f"{label}: {out['test']}{per_site} after {out['steps']} steps ({out['seconds']:.0f} s, load {load_avg()})")
         return out
+
+    def per_site(self, model, metrics: list[str] | None = None) -> dict[str, Any]:
+        """``model`` on each site's own test split (the report's per-site columns): the key metric, or with ``metrics``
+        ``{site: {metric: value}}``."""
+        key = self.cfg["eval"]["key_metric"]
+        d0 = next(iter(self.data.values()))
+        out = {s: evaluate(model, make_loader(d.test, 64, False), task=d0.task, num_classes=d0.num_classes, metrics=metrics or [key],
+                           device=self.device)["mean"] for s, d in self.data.items()}
+        return out if metrics else {s: m[key] for s, m in out.items()}
 
     def standalone(self) -> dict[str, float]:
         """Each teacher on the union test set: mean and std over sites of the key metric (Table 1 'Standalone')."""
@@ -131,19 +147,127 @@ class Federation:
         return {"mean": statistics.mean(values), "std": statistics.pstdev(values), "per_site": dict(zip(self.teachers, values))}
 
 
+# ---- segmentation diagnosis ----------------------------------------------------------------------
+def fg_dice(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> float:
+    """Mean over foreground classes of the Dice of label maps ``pred`` vs ``target`` (both (B, 1, H, W) int), pooled over
+    the batch (a class absent from both is left out)."""
+    values = []
+    for c in range(1, num_classes):
+        p, t = pred == c, target == c
+        denom = int(p.sum() + t.sum())
+        if denom:
+            values.append(2.0 * int((p & t).sum()) / denom)
+    return sum(values) / len(values) if values else float("nan")
+
+
+def contrast(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per image: mean intensity inside the labelled object minus outside it ((B, 1, H, W) each -> (B,)); > 0 for the
+    normal-contrast sites' images, < 0 for the inverted ones'."""
+    fg = (y > 0).float()
+    inside = (x * fg).sum((1, 2, 3)) / fg.sum((1, 2, 3)).clamp_min(1)
+    outside = (x * (1 - fg)).sum((1, 2, 3)) / (1 - fg).sum((1, 2, 3)).clamp_min(1)
+    return inside - outside
+
+
+def _stack(dataset, n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    items = [dataset[i] for i in range(len(dataset) if n is None else min(n, len(dataset)))]
+    return torch.stack([torch.as_tensor(i["image"]) for i in items]), torch.stack([torch.as_tensor(i["label"]) for i in items]).long()
+
+
+def seg_static(fed: Federation, label_source: str) -> dict[str, Any]:
+    """What the sites and the server hold before distillation: each teacher on each site's test split (Dice), the
+    teachers' label-ratio ensemble (Eq. 8 without D's factor) and plain mean on each site's real test images, the
+    object contrast of each site's images and the label maps' class shares of every site and of the server's own."""
+    from medflare.fediod.losses import aggregate, ensemble_weights, label_ratio
+
+    C = fed.cfg["data"]["num_classes"]
+    sites = list(fed.teachers)
+    matrix = {t: fed.per_site(fed.teachers[t]) for t in sites}
+    ratio = label_ratio(torch.stack([fed.infos[s].counts for s in sites]))
+    ens_label, ens_mean, real_contrast, shares = {}, {}, {}, {}
+    with torch.no_grad():
+        for s, d in fed.data.items():
+            x, y = _stack(d.test)
+            z = [fed.teachers[t](x.to(fed.device)).cpu() for t in sites]
+            w = ensemble_weights(ratio, None).expand(len(sites), len(x), C)
+            ens_label[s] = fg_dice(aggregate(z, w).argmax(1, keepdim=True), y, C)
+            ens_mean[s] = fg_dice(torch.stack(z).mean(0).argmax(1, keepdim=True), y, C)
+            real_contrast[s] = float(contrast(x, y).mean())
+            shares[s] = [float((y == c).float().mean()) for c in range(1, C)]
+    aux = load_site(label_source, fed.cfg["data"])
+    ya = _stack(aux.train)[1]
+    shares[f"{label_source} (server)"] = [float((ya == c).float().mean()) for c in range(1, C)]
+    return {"teacher_on_site": matrix, "ensemble_labels_on_real": ens_label, "ensemble_mean_on_real": ens_mean,
+            "real_contrast": real_contrast, "label_shares": shares}
+
+
+def seg_probe(fed: Federation, dist: Distiller, federation: LocalFederation, n: int = 48) -> dict[str, Any]:
+    """One round's diagnosis on ``n`` samples of G from a fixed seed: how many are of inverted contrast, how well each
+    teacher, the Eq. 8 ensemble and the student segment them as their conditioning label maps, each site's mean Eq. 8
+    weight, and the student's Dice on each site's test split. Measurement only: no site's state changes."""
+    from medflare.fediod.losses import aggregate, discriminator_score
+    from medflare.nets.gan import one_hot
+
+    C = fed.cfg["data"]["num_classes"]
+    sites = sorted(federation.sites)
+    window = dist.preview(n, seed=1234)
+    x, y = window.inputs()[0], window.labels()[0]
+    out: dict[str, Any] = {}
+    with torch.no_grad():
+        c = contrast(x.cpu(), y.cpu())
+        out["g_inverted"] = float((c < 0).float().mean())
+        if window.site is not None:  # styled G: the contrast of the inputs drawn for each site
+            names = sorted(dist.sites)
+            drawn = window.site[0].cpu()
+            out["g_inverted_by_site"] = {s: float((c[drawn == k] < 0).float().mean()) for k, s in enumerate(names) if (drawn == k).any()}
+            out["own_teacher_dice_vs_y"] = {}
+        out["g_contrast"] = float(c.mean())
+        z, r = [], []
+        for s in sites:
+            site = federation.sites[s]
+            z.append(site.teacher(x))
+            xr, yr = _stack(fed.data[s].train, 16)
+            real = discriminator_score(site.disc(torch.cat([one_hot(yr.to(fed.device), C), xr.to(fed.device)], 1))).mean()
+            r.append(discriminator_score(site.disc(torch.cat([one_hot(y, C), x], 1))) / real.clamp_min(1e-6))
+        out["teacher_dice_vs_y"] = {s: fg_dice(zk.argmax(1, keepdim=True).cpu(), y.cpu(), C) for s, zk in zip(sites, z)}
+        if window.site is not None:  # each teacher on the inputs drawn in its own site's style
+            for k, (s, zk) in enumerate(zip(sites, z)):
+                mine = drawn == names.index(s)
+                if mine.any():
+                    out["own_teacher_dice_vs_y"][s] = fg_dice(zk.argmax(1, keepdim=True).cpu()[mine], y.cpu()[mine], C)
+        w = dist._weights(sites, torch.stack(r), len(x))
+        out["site_weight"] = {s: float(w[i].mean()) for i, s in enumerate(sites)}
+        out["ensemble_dice_vs_y"] = fg_dice(aggregate(z, w).argmax(1, keepdim=True).cpu(), y.cpu(), C)
+        dist.S.eval()
+        pred_s, pred_a = dist.S(x).argmax(1, keepdim=True).cpu(), aggregate(z, w).argmax(1, keepdim=True).cpu()
+        out["student_dice_vs_y"] = fg_dice(pred_s, y.cpu(), C)
+        if window.site is not None:  # per site drawn for: the ensemble, its own teacher's weight, the student
+            out["by_site"] = {s: {"ensemble": fg_dice(pred_a[drawn == k], y.cpu()[drawn == k], C),
+                                  "own_weight": float(w[sites.index(s)][(drawn == k).to(w.device)].mean()) if s in sites else float("nan"),
+                                  "student": fg_dice(pred_s[drawn == k], y.cpu()[drawn == k], C)}
+                              for k, s in enumerate(names) if (drawn == k).any()}
+    out["student_test"] = fed.per_site(dist.S)
+    dist.S.train()
+    return out
+
+
 # ---- baselines ------------------------------------------------------------------------------------
-def fedavg(preset: str, overrides, sites: list[str], rounds: int, fed: Federation) -> dict[str, float]:
-    """jobs/fedavg in the FLARE simulator with the same preset; its final global model on the union test set."""
+def fedavg_model(preset: str, overrides, sites: list[str], rounds: int, seed: int | None = None) -> torch.nn.Module:
+    """jobs/fedavg in the FLARE simulator with the same preset; its final global model."""
     from medflare.common.results import load_result
     from medflare.report.runner import run_job
 
     with tempfile.TemporaryDirectory() as tmp:
-        run = run_job("fedavg", Path(tmp), sites, preset=preset, overrides=overrides,
+        run = run_job("fedavg", Path(tmp), sites, preset=preset, overrides=overrides, seed=seed,
                       workflow_args={"num_rounds": rounds, "num_clients": len(sites)}, timeout=3600)["run"]
         if run.returncode != 0:
             raise RuntimeError(run.log[-3000:])
-        model = load_result(run.app_server / "FL_global_model.pt").networks["model"]
-        return fed.score(model)
+        return load_result(run.app_server / "FL_global_model.pt").networks["model"]
+
+
+def fedavg(preset: str, overrides, sites: list[str], rounds: int, fed: Federation) -> dict[str, float]:
+    """jobs/fedavg in the FLARE simulator with the same preset; its final global model on the union test set."""
+    return fed.score(fedavg_model(preset, overrides, sites, rounds))
 
 
 def central(preset: str, overrides, sites: list[str], epochs: int, fed: Federation) -> dict[str, float]:
@@ -179,21 +303,157 @@ def table_cls(args, device) -> dict:
     return {"rows": rows, "markdown": "\n".join(md)}
 
 
+def _site_mean(table: Mapping[str, Mapping[str, float]], key: str) -> float:
+    return statistics.mean(m[key] for m in table.values())
+
+
 def table_seg(args, device) -> dict:
-    preset = args.seg_preset
-    ov = {}
-    fed = Federation(preset, ov, sites_of(args.sites, seg=True), device)
-    res = {"standalone": {s: fed.score(t) for s, t in fed.teachers.items()},
-           "fediod": fed.distill(args.seg_rounds, samples_dir=args.out / "samples", label="fediod_seg")["test"]}
-    res["fedavg"] = fedavg(preset, {"train": {"epochs": 1}}, sites_of(args.sites, seg=True), args.seg_rounds, fed)
-    res["central"] = central(preset, ov, sites_of(args.sites, seg=True), args.seg_rounds, fed)
+    """Table 2 layout per site, on the report's segmentation sites (``--sites``, default all six, two of inverted
+    contrast), for each seed of ``--seeds``: FedIOD-seg as the preset ships it and each variant of ``--variants`` (in one
+    process, :class:`Federation`), FedAvg (the shipped jobs/fedavg in the FLARE simulator, the report's local work:
+    ``--fedavg-epochs`` a round for ``--fedavg-rounds`` rounds; left out where nvflare is not installed), centralised
+    training for as many passes over the data, and each site's own teacher on its own test split."""
+    preset, sites = args.seg_preset, sites_of(args.seg_sites)
     keys = ("dice", "sensitivity", "specificity", "hd95")
-    md = ["| | Dice(%) | Sens.(%) | Spec.(%) | HD95(pixel) |", "|---|---|---|---|---|"]
-    sa = {k: [m[k] for m in res["standalone"].values()] for k in keys}
-    md.append("| Standalone | " + " | ".join(f"{fmt(statistics.mean(sa[k]), k != 'hd95')} +- {fmt(statistics.pstdev(sa[k]), k != 'hd95')}" for k in keys) + " |")
-    for name in ("central", "fedavg", "fediod"):
-        md.append(f"| {name} | " + " | ".join(fmt(res[name][k], k != "hd95") for k in keys) + " |")
-    return {"rows": res, "markdown": "\n".join(md)}
+    from medflare.baselines.standalone import run_standalone
+
+    fediod_rows = [name if name != "preset" else "FedIOD-seg" for name in args.variants]
+    rows: dict[str, dict[int, dict[str, dict[str, float]]]] = {n: {} for n in ["teacher (own site)", *fediod_rows, "FedAvg", "centralised"]}
+    try:
+        import nvflare  # noqa: F401 - FedAvg runs in the FLARE simulator
+        with_fedavg = not args.no_fedavg
+    except ImportError:
+        with_fedavg = False
+    passes = args.fedavg_rounds * args.fedavg_epochs
+    for seed in args.seeds:
+        fed = Federation(preset, {}, sites, device, seed=seed)
+        rows["teacher (own site)"][seed] = {s: fed.per_site(t, list(keys))[s] for s, t in fed.teachers.items()}
+        central_run = run_standalone("central", preset, sites, epochs=passes, seed=seed, device=str(device), log=lambda m: None,
+                                     overrides={"eval": {"metrics": list(keys)}})
+        rows["centralised"][seed] = central_run["sites"]
+        log(f"centralised seed {seed}: " + ", ".join(f"{s} {100 * m['dice']:.2f}" for s, m in central_run["sites"].items()))
+        if with_fedavg:
+            model = fedavg_model(preset, {"train": {"epochs": args.fedavg_epochs}}, sites, args.fedavg_rounds, seed)
+            rows["FedAvg"][seed] = fed.per_site(model, list(keys))
+        for name, row in zip(args.variants, fediod_rows):
+            run = fed.distill(args.seg_rounds, fediod=seg_overrides(fed.cfg, seg_variant(name)), label=f"{row}_seed{seed}",
+                              samples_dir=args.out / "samples")
+            rows[row][seed] = run["per_site"]
+        log(f"seed {seed}: " + ", ".join(f"{n} {100 * _site_mean(r[seed], 'dice'):.2f}" for n, r in rows.items() if seed in r))
+    rows = {n: r for n, r in rows.items() if r}
+    md = [f"Sites {', '.join(sites)}; preset {preset}; FedIOD {args.seg_rounds} rounds; FedAvg {args.fedavg_rounds} rounds x "
+          f"{args.fedavg_epochs} epochs, centralised {passes} epochs; seeds {', '.join(map(str, args.seeds))} (mean over seeds; "
+          "client average +- std over seeds)", "",
+          "| method | " + " | ".join(sites) + " | client avg Dice | Sens. | Spec. | HD95 (px) |", "|---|" + "---|" * (len(sites) + 4)]
+    summary = {}
+    for name, per_seed in rows.items():
+        seeds = sorted(per_seed)
+        dice = [_site_mean(per_seed[sd], "dice") for sd in seeds]
+        summary[name] = {"client_average_dice": statistics.mean(dice), "std": statistics.pstdev(dice), "per_seed": dice,
+                         "per_site": {s: statistics.mean(per_seed[sd][s]["dice"] for sd in seeds) for s in sites}}
+        cells = [f"{100 * summary[name]['per_site'][s]:.2f}" for s in sites]
+        other = [statistics.mean(_site_mean(per_seed[sd], k) for sd in seeds) for k in keys[1:]]
+        md.append(f"| {name} | " + " | ".join(cells) + f" | {100 * statistics.mean(dice):.2f} +- {100 * statistics.pstdev(dice):.2f} | "
+                  f"{100 * other[0]:.2f} | {100 * other[1]:.2f} | {other[2]:.2f} |")
+    return {"rows": rows, "summary": summary, "markdown": "\n".join(md)}
+
+
+#: the segmentation run of the report (session 24): the paper's losses and Algorithm 1's student, as fediod_seg had them
+SEG_PAPER: dict[str, Any] = {"styles": 0, "lambda_label": 0.0, "student_label": 0.0, "student_steps": 1, "replay_size": 0,
+                             "mimic_tau": 0.0, "lambda_gan": 1.0, "lambda_conf": 1.0, "lambda_unique": 1.0, "lambda_mimic": 1.0,
+                             "lr_generator": 1e-3, "lr_discriminator": 1e-3, "lr_student": 1e-3}
+#: candidate causes / fixes of the segmentation student (--variants), each a change of SEG_PAPER ("preset" = the shipped
+#: preset as it is): "styles" N gives the label generator N style codes, one site per generated input, judged by that
+#: site's critic alone; "weights" the classification CPU presets' loss weights (tau = 1 KL for L_mimic, realism weighted
+#: up); "label" G's label term (lambda_label), "student_label" the student's; "replay" the student's replay
+_SEG_CHANGES: dict[str, dict[str, Any]] = {
+    "styles": {"styles": 8},
+    "weights": {"mimic_tau": 1.0, "lambda_gan": 5.0, "lambda_conf": 0.2, "lambda_unique": 0.2, "lambda_mimic": 0.5},
+    "label": {"lambda_label": 1.0},
+    "student_label": {"student_label": 1.0},
+    "label3": {"lambda_label": 3.0},
+    "student_label3": {"student_label": 3.0},
+    "replay": {"student_steps": 6, "replay_size": 2048, "lr_generator": 2e-3, "lr_discriminator": 2e-3, "lr_student": 3e-3},
+    "2x": {"windows_per_round": 8},
+}
+
+
+def seg_variant(name: str) -> dict[str, Any]:
+    """The fediod changes of ``name``: "preset", "paper", or "+"-joined names of :data:`_SEG_CHANGES` on SEG_PAPER
+    (e.g. ``weights+styles+label3+student_label3+replay``, the shipped fediod_seg)."""
+    if name == "preset":
+        return {}
+    out = dict(SEG_PAPER)
+    for part in name.split("+"):
+        if part == "paper":
+            continue
+        if part not in _SEG_CHANGES:
+            raise SystemExit(f"unknown variant part '{part}' in '{name}' (known: paper, preset, {', '.join(_SEG_CHANGES)})")
+        out.update(_SEG_CHANGES[part])
+    return out
+
+
+def seg_overrides(cfg: Mapping[str, Any], variant: Mapping[str, Any]) -> dict[str, Any]:
+    """A variant (:func:`seg_variant`) as a fediod section override of ``cfg``'s preset."""
+    ov = dict(variant)
+    if "styles" in ov:
+        gen = cfg["fediod"]["generator"]
+        ov["generator"] = {"name": gen["name"], "args": {**gen.get("args", {}), "styles": ov.pop("styles")}}
+    return ov
+
+
+def _probe_cells(p: Mapping[str, Any], inverted: list[str]) -> str:
+    inv = ", ".join(f"{100 * p['student_test'][s]:.1f}" for s in inverted)
+    tmax = max(p["teacher_dice_vs_y"].values())
+    return (f"{100 * p['g_inverted']:.0f} % | {p['g_contrast']:+.3f} | {100 * tmax:.1f} | {100 * p['ensemble_dice_vs_y']:.1f} | "
+            f"{100 * p['student_dice_vs_y']:.1f} | {100 * statistics.mean(p['student_test'].values()):.1f} | {inv}")
+
+
+def table_seg_diagnosis(args, device) -> dict:
+    """Why the segmentation student fails: what the teachers and label maps are (static), then per round of each
+    variant in ``--variants`` what G draws and what the teachers, the Eq. 8 ensemble and the student make of it."""
+    preset, sites = args.seg_preset, sites_of(args.seg_sites)
+    fed = Federation(preset, {}, sites, device, seed=args.seed)
+    fcfg = FedIODConfig.from_preset(fed.cfg)
+    static = seg_static(fed, fcfg.label_source)
+    inverted = [s for s, c in static["real_contrast"].items() if c < 0]
+    md = [f"Sites {', '.join(sites)} (inverted contrast: {', '.join(inverted) or 'none'}); preset {preset}; seed {args.seed}.", "",
+          "| teacher \\ test site | " + " | ".join(sites) + " |", "|---|" + "---|" * len(sites)]
+    for t, row in static["teacher_on_site"].items():
+        md.append(f"| {t} | " + " | ".join(f"{100 * row[s]:.1f}" for s in sites) + " |")
+    for name in ("ensemble_labels_on_real", "ensemble_mean_on_real"):
+        md.append(f"| {name} | " + " | ".join(f"{100 * static[name][s]:.1f}" for s in sites) + " |")
+    md.append("| object contrast of the real images | " + " | ".join(f"{static['real_contrast'][s]:+.3f}" for s in sites) + " |")
+    md += ["", "| label maps of | " + " | ".join(f"class {c} share" for c in range(1, fed.cfg['data']['num_classes'])) + " |",
+           "|---|" + "---|" * (fed.cfg["data"]["num_classes"] - 1)]
+    for who, sh in static["label_shares"].items():
+        md.append(f"| {who} | " + " | ".join(f"{v:.3f}" for v in sh) + " |")
+    md += ["", "| variant | round | G inverted | G contrast | best teacher Dice vs y on G | Eq.8 ensemble Dice vs y | student Dice vs y on G | "
+           f"student client avg | student on {', '.join(inverted)} | Eq.8 weight per site ({', '.join(sites)}) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    runs = {}
+    for name in args.variants:
+        run = fed.distill(args.seg_rounds, fediod=seg_overrides(fed.cfg, seg_variant(name)), label=name, probe=seg_probe,
+                          samples_dir=args.out / "samples")
+        runs[name] = run
+        for rnd, p in enumerate(run["probes"], 1):
+            if rnd in (1, len(run["probes"])) or rnd % max(1, args.seg_rounds // 4) == 0:
+                md.append(f"| {name} | {rnd} | {_probe_cells(p, inverted)} | " + " / ".join(f"{p['site_weight'][s]:.2f}" for s in sites) + " |")
+    styled = {name: run["probes"][-1] for name, run in runs.items() if run["probes"] and "by_site" in run["probes"][-1]}
+    if styled:  # a styled G: per site it drew for, at the last round
+        md += ["", "Last round, by the site each generated input was drawn for (styled generator): share of inverted contrast, "
+               "that site's own teacher, the Eq. 8 ensemble and the student (Dice vs the conditioning label map, %), the "
+               "ensemble weight of that site's teacher, and the student on the site's real test split (Dice, %).", "",
+               "| variant | site | G inverted | own teacher vs y | ensemble vs y | own teacher's Eq. 8 weight | student vs y | student on real |",
+               "|---|---|---|---|---|---|---|---|"]
+        for name, p in styled.items():
+            for s in sites:
+                b = p["by_site"].get(s)
+                if b is None:
+                    continue
+                md.append(f"| {name} | {s} | {100 * p['g_inverted_by_site'][s]:.0f} % | {100 * p['own_teacher_dice_vs_y'][s]:.1f} | "
+                          f"{100 * b['ensemble']:.1f} | {b['own_weight']:.2f} | {100 * b['student']:.1f} | {100 * p['student_test'][s]:.1f} |")
+    return {"static": static, "runs": runs, "markdown": "\n".join(md)}
 
 
 ABLATIONS = {  # Table 6: L_gan weighting, the L_mimic ensemble, L_conf, L_unique; our BN prior and replay (not in the paper)
@@ -267,11 +527,11 @@ def table_overhead(args, device) -> dict:
                      "steps_per_window": fcfg.steps_per_window}, "markdown": "\n".join(md)}
 
 
-def sites_of(n: int, seg: bool = False) -> list[str]:
+def sites_of(n: int) -> list[str]:
     return [f"site-{i}" for i in range(1, n + 1)]
 
 
-TABLES = {"cls": table_cls, "seg": table_seg, "ablation": table_ablation, "dp": table_dp, "overhead": table_overhead}
+TABLES = {"cls": table_cls, "seg": table_seg, "segdiag": table_seg_diagnosis, "ablation": table_ablation, "dp": table_dp, "overhead": table_overhead}
 
 
 def main(argv=None) -> int:
@@ -279,7 +539,12 @@ def main(argv=None) -> int:
     p.add_argument("--table", default="all", choices=[*TABLES, "all"])
     p.add_argument("--sites", type=int, default=4)
     p.add_argument("--rounds", type=int, default=8, help="FedIOD rounds (classification)")
-    p.add_argument("--seg-rounds", type=int, default=6)
+    p.add_argument("--seg-rounds", type=int, default=10, help="FedIOD rounds (segmentation; the report's 10)")
+    p.add_argument("--seeds", default="0", help="seg: seeds")
+    p.add_argument("--seg-sites", type=int, default=6, help="seg, segdiag: sites site-1..N (the report's 6; site-2, site-6 inverted)")
+    p.add_argument("--fedavg-rounds", type=int, default=10, help="seg: FedAvg rounds (the report's 10)")
+    p.add_argument("--fedavg-epochs", type=int, default=2, help="seg: FedAvg local epochs a round (the report's 2)")
+    p.add_argument("--no-fedavg", action="store_true", help="seg: leave FedAvg out")
     p.add_argument("--betas", default="1,0.1")
     p.add_argument("--beta", type=float, default=0.1, help="ablation split")
     p.add_argument("--dp-beta", type=float, default=1.0)
@@ -289,6 +554,9 @@ def main(argv=None) -> int:
     p.add_argument("--windows", type=int, default=4, help="windows per round in the overhead table")
     p.add_argument("--cls-preset", default="fediod_cls")
     p.add_argument("--seg-preset", default="fediod_seg")
+    p.add_argument("--variants", default="preset", help="seg, segdiag: comma-separated FedIOD-seg variants: preset, paper, or "
+                   f"'+'-joined changes of the paper's settings ({', '.join(_SEG_CHANGES)}); see seg_variant")
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--paper", action="store_true", help="paper scale: fediod_cls_paper / fediod_seg_paper, 20 sites, 300 rounds")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--device", default="auto")
@@ -296,6 +564,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     args.betas = [float(b) for b in args.betas.split(",")]
     args.sigmas = [float(s) for s in args.sigmas.split(",")]
+    args.variants = args.variants.split(",")
+    args.seeds = [int(x) for x in args.seeds.split(",")]
     if args.paper:
         args.cls_preset, args.seg_preset, args.sites, args.rounds, args.seg_rounds = "fediod_cls_paper", "fediod_seg_paper", 20, 300, 400
     if args.threads:

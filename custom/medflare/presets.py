@@ -448,22 +448,31 @@ PRESETS["fediod_cls_paper"] = _fediod(
      "discriminator": {"name": "patch_critic", "args": {"width": 128, "layers": 2}},
      "batch_size": 64, "steps_per_window": 10, "windows_per_round": 10},
 )
-_FEDIOD_SEG_GAN = {"generator": {"name": "label_generator", "args": {"width": 16, "blocks": 3, "downsamplings": 2}},
+# What makes the segmentation student learn every site's contrast (measured, jobs/fediod_seg/README.md "Why the student
+# failed"; none of it is in the paper): a generator with one style code per site whose inputs are each judged by the
+# critic of the site they were drawn for (with the paper's G every critic judges every input and G draws one contrast),
+# G asked to draw images that this site's teacher segments as the conditioning label map (lambda_label) and the student
+# learning that label map besides the ensemble (student_label), the classification CPU presets' loss weights and the
+# student's replay of past generated inputs.
+_FEDIOD_SEG_FIX = {"mimic_tau": 1.0, "lambda_gan": 5.0, "lambda_conf": 0.2, "lambda_unique": 0.2, "lambda_mimic": 0.5,
+                   "lambda_label": 3.0, "student_label": 3.0, "student_steps": 6, "replay_size": 2048,
+                   "lr_generator": 2e-3, "lr_discriminator": 2e-3, "lr_student": 3e-3}
+_FEDIOD_SEG_GAN = {"generator": {"name": "label_generator", "args": {"width": 16, "blocks": 3, "downsamplings": 2, "styles": 8}},
                    "discriminator": {"name": "patch_critic", "args": {"width": 16, "layers": 2}}}
 # Segmentation default (jobs/fediod_seg): the synthetic fundus-like sites at 64x64, UNet teachers and student.
 PRESETS["fediod_seg"] = _fediod(
     "seg_synthetic",
     {"train": {"epochs": 20, "batch_size": 8, "lr": 3e-3},
      "eval": {"metrics": ["dice", "sensitivity", "specificity", "hd95"], "key_metric": "dice"}},
-    {**_FEDIOD_SEG_GAN, "batch_size": 8, "steps_per_window": 5, "windows_per_round": 4},
+    {**_FEDIOD_SEG_GAN, **_FEDIOD_SEG_FIX, "batch_size": 8, "steps_per_window": 5, "windows_per_round": 4},
 )
 PRESETS["fediod_seg_tiny"] = _fediod(
     "seg_synthetic_tiny",
     {"train": {"epochs": 8, "batch_size": 4, "lr": 1e-2},
      "eval": {"metrics": ["dice", "sensitivity", "specificity", "hd95"], "key_metric": "dice"}},
-    {"generator": {"name": "label_generator", "args": {"width": 8, "blocks": 2, "downsamplings": 2}},
+    {"generator": {"name": "label_generator", "args": {"width": 8, "blocks": 2, "downsamplings": 2, "styles": 8}},
      "discriminator": {"name": "patch_critic", "args": {"width": 8, "layers": 2}},
-     "batch_size": 4, "steps_per_window": 4, "windows_per_round": 3},
+     **_FEDIOD_SEG_FIX, "batch_size": 4, "steps_per_window": 4, "windows_per_round": 3},
 )
 # Paper scale (BraTS setting): 256x256, 9-block ResNet generator of width 64, PatchGAN critics (3 layers, width 64),
 # UNet teachers and student, batch 2; run 400 rounds.

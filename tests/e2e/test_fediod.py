@@ -74,9 +74,24 @@ def _cls_then_budget(repo, tmp):
 
 
 #: every run of the module, started in the background (tests/e2e/__init__.py)
+SEG_ROUNDS = 4  # 48 distillation steps of the tiny preset
+FEDAVG_FRACTION = 0.2  # the student's client-average Dice at least this share of FedAvg's on the same sites
+
+
+def _seg_fedavg(repo, tmp):
+    """FedAvg on the same tiny segmentation sites: the bar the student is measured against."""
+    folder = customize_job(repo / "jobs" / "fedavg", tmp / "job_fedavg", preset="fediod_seg_tiny",
+                           overrides={"train": {"epochs": 3}}, workflow_args={"num_rounds": 3, "num_clients": len(CLIENTS)})
+    run = run_simulator(folder, tmp / "ws_fedavg", len(CLIENTS), clients=CLIENTS, timeout=600)
+    assert run.returncode == 0, run.log[-4000:]
+    return run
+
+
+#: every run of the module, started in the background (tests/e2e/__init__.py)
 RUNS = {"cls_runs": _cls_then_budget,
-        "seg_run": lambda repo, tmp: _run(repo, tmp, "seg", job="fediod_seg", preset="fediod_seg_tiny", rounds=2)}
-cls_runs, seg_run = simulation("cls_runs"), simulation("seg_run")
+        "seg_run": lambda repo, tmp: _run(repo, tmp, "seg", job="fediod_seg", preset="fediod_seg_tiny", rounds=SEG_ROUNDS),
+        "seg_fedavg_run": _seg_fedavg}
+cls_runs, seg_run, seg_fedavg_run = simulation("cls_runs"), simulation("seg_run"), simulation("seg_fedavg_run")
 
 
 @pytest.fixture(scope="module")
@@ -187,14 +202,36 @@ def test_rerun_reuses_teachers_and_budget_stops_cleanly(budget_run):
     assert any(tag.startswith("privacy/epsilon_") for tag in server_tags)
 
 
-def test_segmentation_job(seg_run, tmp_path):
+def _evaluate(model_file, out):
+    assert medflare_main(["evaluate", "--model", str(model_file), "--sites", ",".join(CLIENTS), "--out", str(out)]) == 0
+    return json.loads(out.read_text())["evaluations"][0]
+
+
+def _contrast(x, y):
+    """Mean intensity inside the labelled object minus outside it, per image: < 0 for the inverted site's images."""
+    fg = (y > 0).float()
+    return (x * fg).sum((1, 2, 3)) / fg.sum((1, 2, 3)).clamp_min(1) - (x * (1 - fg)).sum((1, 2, 3)) / (1 - fg).sum((1, 2, 3)).clamp_min(1)
+
+
+def test_segmentation_job(seg_run, seg_fedavg_run, tmp_path):
+    """FedIOD-seg through FLARE on one inverted-contrast site (site-2) and two normal ones, against FedAvg on the same
+    tiny sites; the styled generator draws site-2's inputs in its inverted contrast and the others' in theirs."""
     run = seg_run
-    out = tmp_path / "seg.json"
-    assert medflare_main(["evaluate", "--model", str(run.app_server / STUDENT_FILE), "--sites", ",".join(CLIENTS),
-                          "--out", str(out)]) == 0
-    table = json.loads(out.read_text())["evaluations"][0]["global"]
+    student = _evaluate(run.app_server / STUDENT_FILE, tmp_path / "seg.json")
+    baseline = _evaluate(seg_fedavg_run.app_server / "FL_global_model.pt", tmp_path / "fedavg.json")
+    table = student["global"]
     assert {"dice", "sensitivity", "specificity", "hd95"} <= set(table)
-    assert table["dice"] > 0.05, table
+    site_dice = {s: m["dice"] for s, m in student["sites"].items()}
+    print(f"fediod_seg_tiny after {SEG_ROUNDS} rounds: student Dice {site_dice} (client average {student['client_average']['dice']:.3f}), "
+          f"FedAvg {({s: m['dice'] for s, m in baseline['sites'].items()})} ({baseline['client_average']['dice']:.3f})")
+    assert student["client_average"]["dice"] > FEDAVG_FRACTION * baseline["client_average"]["dice"], (student, baseline)
+    generator = load_result(run.app_server / STUDENT_FILE).generator.cpu().eval()
+    labels = torch.stack([item["label"] for item in load_site("site-1", get_preset("fediod_seg_tiny")["data"]).test]).long()
+    with torch.no_grad():  # style code k = the k-th registered site (sorted): site-2 is code 1
+        sign = {k: float(_contrast(generator(generator.condition(labels, torch.Generator().manual_seed(0),
+                                                                  style=torch.full((len(labels),), k))), labels).mean())
+                for k in range(len(CLIENTS))}
+    assert sign[1] < 0 < min(sign[0], sign[2]), f"object minus background intensity per style code: {sign}"
     datalist = load_site("site-1", get_preset("fediod_seg_tiny")["data"]).source
     assert medflare_main(["sample", "--model", str(run.app_server / STUDENT_FILE), "--labels", str(datalist),
                           "--out", str(tmp_path / "samples")]) == 0

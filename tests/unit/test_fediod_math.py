@@ -108,3 +108,36 @@ def test_balance_is_negative_entropy_of_the_batch_mean_prediction():
     both = torch.tensor([[BIG, -BIG], [-BIG, BIG]])
     assert L.balance_loss(one_class).item() == pytest.approx(0.0, abs=1e-6)
     assert L.balance_loss(both).item() == pytest.approx(-math.log(2), abs=1e-6)  # minimal: classes used equally
+
+
+def test_label_loss_is_the_pixel_mean_cross_entropy_to_the_label_map():
+    """label_loss by hand: logits BIG on the labelled class give 0, uniform logits give log C, per input."""
+    labels = torch.tensor([[[[0, 1], [2, 2]]], [[[1, 1], [1, 1]]]])  # (2, 1, 2, 2)
+    right = BIG * torch.nn.functional.one_hot(labels[:, 0], 3).movedim(-1, 1).float()
+    assert torch.allclose(L.label_loss(right, labels), torch.zeros(2), atol=1e-6)
+    assert torch.allclose(L.label_loss(torch.zeros(2, 3, 2, 2), labels), torch.full((2,), math.log(3)))
+    half = right.clone()
+    half[0, :, 0, 0] = 0.0  # one of the first input's four pixels uniform
+    assert torch.allclose(L.label_loss(half, labels), torch.tensor([math.log(3) / 4, 0.0]), atol=1e-6)
+
+
+def test_styled_label_generator_gives_the_label_map_once_per_code():
+    """With styles the one-hot label map is copied into its code's block of channels (zero elsewhere), so a code changes
+    the image through the first convolution despite its instance norm; without a code it refuses."""
+    from medflare import ConfigError
+    from medflare.nets.gan import LabelGenerator
+
+    torch.manual_seed(0)
+    G = LabelGenerator(num_classes=3, width=4, blocks=1, styles=2)
+    y = torch.randint(0, 3, (2, 1, 8, 8))
+    w = G.condition(y, style=torch.tensor([0, 1]))
+    assert w.shape == (2, 3 * 2 + 1, 8, 8)
+    onehot = torch.nn.functional.one_hot(y[:, 0], 3).movedim(-1, 1).float()
+    assert torch.equal(w[0, :3], onehot[0]) and not w[0, 3:6].any()
+    assert torch.equal(w[1, 3:6], onehot[1]) and not w[1, :3].any()
+    same = G.condition(y[:1].expand(2, -1, -1, -1), generator=torch.Generator().manual_seed(1), style=torch.tensor([0, 1]))
+    same[1, -1] = same[0, -1]  # same noise, same label map, two codes
+    assert (G(same)[0] - G(same)[1]).abs().max() > 1e-3
+    with pytest.raises(ConfigError, match="style"):
+        G.condition(y)
+    assert LabelGenerator(num_classes=3, width=4, blocks=1).condition(y).shape == (2, 4, 8, 8)  # the paper's G unchanged

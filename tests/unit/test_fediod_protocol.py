@@ -29,10 +29,12 @@ def _real(seed, task):
 
 def _setup(task, ensemble="eq8", lam=None, privacy=None):
     torch.manual_seed(0)
-    cfg = FedIODConfig(batch_size=B, steps_per_window=1, cosine=False, ensemble=ensemble, **(lam or {}))
+    lam = dict(lam or {})
+    styles = lam.pop("styles", 0)
+    cfg = FedIODConfig(batch_size=B, steps_per_window=1, cosine=False, ensemble=ensemble, **lam)
     if task == "segmentation":  # two architectures: UNets of different depth
         teachers = [build_unet(1, C, [4, 8], [2]).eval(), build_unet(1, C, [4, 8, 8], [2, 2]).eval()]
-        G, student = LabelGenerator(C, 1, width=4, blocks=1), build_unet(1, C, [4, 8], [2])
+        G, student = LabelGenerator(C, 1, width=4, blocks=1, styles=styles), build_unet(1, C, [4, 8], [2])
         critic_in = 1 + C
     else:  # two architectures: ResNet-8 and ConvNet
         teachers = [ResNet8(1, C, (4, 8, 8)).eval(), ConvNet(1, C, S, width=8).eval()]
@@ -71,9 +73,17 @@ def _single_process_grad(window, ref, cfg, task, drop=()):
     else:
         w = L.ensemble_weights(ratio, r if cfg.ensemble == "eq8" else None).expand(len(keep), x.shape[0], C)
     A = L.aggregate(z, w)
+    if window.site is not None:  # styled G: input i is judged by the critic of the site it was drawn for, alone
+        gan = sum((window.site[0] == k).float() * L.generator_adv_loss(logits[i]) for i, k in enumerate(keep))
+    else:
+        gan = sum(pi[i] * L.generator_adv_loss(logits[i]) for i in range(len(keep)))
+    if y is not None and window.site is not None:  # styled G: each input's label term through its own site's teacher
+        own = torch.stack(z)[window.site[0], torch.arange(x.shape[0])] if len(keep) == 2 else None
+        label = L.label_loss(own, y)
+    else:
+        label = L.label_loss(A, y) if y is not None else 0.0
     loss = (cfg.lambda_conf * L.conf_loss(z, pi) + cfg.lambda_unique * L.unique_loss(z, pi)
-            - cfg.lambda_mimic * L.mimic_loss(Snet(x), A, cfg.mimic_tau)
-            + cfg.lambda_gan * sum(pi[i] * L.generator_adv_loss(logits[i]) for i in range(len(keep)))).mean()
+            - cfg.lambda_mimic * L.mimic_loss(Snet(x), A, cfg.mimic_tau) + cfg.lambda_gan * gan + cfg.lambda_label * label).mean()
     loss = loss + cfg.lambda_balance * L.balance_loss(A, cfg.tau) + cfg.lambda_bn * sum(pi[i] * prior[i] for i in range(len(keep)))
     return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(G.parameters()))])
 
@@ -93,6 +103,8 @@ def _federated_grad(dist, fed):
     ("classification", "mean", {"lambda_balance": 2.0, "lambda_unique": 0.0}),
     ("classification", "eq8", {"lambda_bn": 0.7, "mimic_tau": 1.0}),
     ("segmentation", "eq8", {"lambda_conf": 0.3}),
+    ("segmentation", "eq8", {"styles": 3, "lambda_label": 0.8, "student_label": 1.0, "lambda_gan": 2.0}),
+    ("segmentation", "labels", {"styles": 2, "lambda_label": 1.0}),
 ])
 def test_federated_generator_gradient_equals_single_process(task, ensemble, lam):
     dist, fed, ref, cfg = _setup(task, ensemble, lam)
@@ -218,3 +230,37 @@ def test_algorithm_1_keeps_no_bank():
     dist, fed, _, _ = _setup("classification")
     dist.run_window(fed)
     assert dist.bank is None and dist.cfg.student_steps == 1
+
+
+def test_styled_generator_gives_each_input_one_sites_critic():
+    """With style codes every input is drawn for one site, uniformly over the sites, and only that site's critic is
+    asked for its GAN term: per-input weights lambda_gan on its own inputs, 0 elsewhere; a site checks their shape."""
+    dist, fed, _, cfg = _setup("segmentation", lam={"styles": 3, "lambda_gan": 2.0})
+    window = dist.sample(steps=4, batch=50)
+    drawn = torch.cat(window.site)
+    assert set(drawn.tolist()) == {0, 1}  # two registered sites; code = site index mod styles
+    assert abs(float((drawn == 0).float().mean()) - 0.5) < 0.15
+    outputs, _ = fed.outputs(window.inputs(), window.labels())
+    req = dist.combine(window, outputs)
+    adv = {s: g[2] for s, g in req.grads.items()}
+    assert all(a.shape == (4, 50) for a in adv.values())
+    assert torch.equal(adv["site-0"] + adv["site-1"], torch.full((4, 50), 2.0))
+    assert torch.equal(adv["site-1"] > 0, torch.stack(window.site) == 1)
+    g_z, g_r, _, b = req.grads["site-0"]
+    with pytest.raises(PayloadError, match="GAN weight"):
+        fed.sites["site-0"].input_gradients(g_z, g_r, torch.ones(3, 50), b)
+
+
+def test_student_label_term_moves_the_student_towards_the_label_maps():
+    """student_label adds the cross-entropy to the conditioning label maps to the student's loss (and the replay bank
+    then keeps the label maps with their inputs)."""
+    losses = {}
+    for weight in (0.0, 5.0):
+        dist, fed, _, _ = _setup("segmentation", lam={"student_label": weight, "student_steps": 3, "replay_size": 64})
+        window = dist.sample(steps=1)
+        for _ in range(6):
+            dist.combine(window, fed.outputs(window.inputs(), window.labels())[0])
+        assert (dist.bank._label is not None) == (weight > 0)
+        with torch.no_grad():
+            losses[weight] = float(L.label_loss(dist.S(window.inputs()[0]), window.labels()[0]).mean())
+    assert losses[5.0] < losses[0.0] - 0.05, losses

@@ -34,3 +34,18 @@ def test_bank_draws_are_reproducible_and_checked():
         ReplayBank(3).draw(2)
     with pytest.raises(ValueError):
         ReplayBank(3).add(torch.zeros(2, 1), torch.zeros(3, 1))
+
+
+def test_bank_keeps_label_maps_with_their_inputs():
+    """Segmentation with the student's label term: each draw returns an input's own label map as a third tensor; a bank
+    holds labels for every entry or for none."""
+    bank = ReplayBank(6, seed=2)
+    for start in (0, 4):
+        x = torch.arange(start, start + 4, dtype=torch.float32).reshape(4, 1)
+        bank.add(x, 2 * x, x.long() + 100)
+    xs, ts, ls = bank.draw(40)
+    assert torch.equal(ts, 2 * xs) and torch.equal(ls, xs.long() + 100)
+    with pytest.raises(ValueError, match="labels"):
+        bank.add(torch.zeros(1, 1), torch.zeros(1, 1))
+    with pytest.raises(ValueError, match="labels"):
+        ReplayBank(3).add(torch.zeros(2, 1), torch.zeros(2, 1), torch.zeros(3, 1))

@@ -15,6 +15,10 @@ defaults below fill the keys a preset leaves out.
       "lambda_balance": 0.0,       # class balance of the ensemble's predictions (reference code, not the paper)
       "lambda_bn": 0.0,            # realism prior: generated batches' features vs each teacher's BatchNorm running
                                    # statistics (DeepInversion; not the paper; computed at the site; 0 = off)
+      "lambda_label": 0.0,         # segmentation: G's cross-entropy of the ensemble A to the conditioning label map
+                                   # (not the paper; 0 = off)
+      "student_label": 0.0,        # segmentation: the student's cross-entropy to the conditioning label map, added to
+                                   # L_mimic (not the paper; 0 = off)
       "ensemble": "eq8",           # Eq. 8 weights | "labels" (label factor only) | "mean" (1/K); Table 6/7 ablation
       "gan_weighting": "data_size",  # G's GAN terms weighted by pi_k (Eq. 2) | "uniform" (Table 6 "Avg")
       "student_steps": 1,          # student steps per generated batch: 1 = Algorithm 1; each further step trains S on
@@ -40,7 +44,7 @@ class FedIODConfig(Section):
     """Distillation settings; each key's meaning in the module docstring. Defaults: generator
     ``latent_generator`` (latent_dim 100, width 64), discriminator ``patch_critic`` (width 32, 2 layers), batch_size 64,
     steps_per_window 8, windows_per_round 4, tau 1, mimic_tau 0, lambda_conf / lambda_unique / lambda_mimic / lambda_gan 1,
-    lambda_balance 0, lambda_bn 0, ensemble "eq8", gan_weighting "data_size", student_steps 1, replay_size 0,
+    lambda_balance 0, lambda_bn 0, lambda_label 0, student_label 0, ensemble "eq8", gan_weighting "data_size", student_steps 1, replay_size 0,
     lr_generator / lr_student / lr_discriminator 1e-3, cosine true, label_source "auxiliary-labels", image_size 0."""
 
     generator: dict = setting({"name": "latent_generator", "args": {"latent_dim": 100, "width": 64}},
@@ -57,6 +61,8 @@ class FedIODConfig(Section):
     lambda_gan: float = setting(1.0, NON_NEGATIVE)
     lambda_balance: float = setting(0.0, NON_NEGATIVE)
     lambda_bn: float = setting(0.0, NON_NEGATIVE)
+    lambda_label: float = setting(0.0, NON_NEGATIVE)
+    student_label: float = setting(0.0, NON_NEGATIVE)
     ensemble: str = setting("eq8", OneOf(ENSEMBLES))
     gan_weighting: str = setting("data_size", OneOf(GAN_WEIGHTINGS))
     student_steps: int = setting(1, Int(1))

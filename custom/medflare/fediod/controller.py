@@ -54,6 +54,11 @@ from medflare.fediod.distill import Distiller, SiteInfo, steps_total
 from medflare.presets import get_preset
 
 
+def _weights(c: float | torch.Tensor) -> np.ndarray:
+    """A site's GAN weight as sent: ``(1,)``, or ``(M, B)`` per input (styled generator)."""
+    return c.detach().cpu().numpy().astype(np.float32) if isinstance(c, torch.Tensor) else np.array([c], dtype=np.float32)
+
+
 class FedIODController(SiteRounds):
     """FedIOD (Gong et al. 2024), server side. See the module docstring for the protocol.
 
@@ -210,7 +215,7 @@ class FedIODController(SiteRounds):
     def input_gradients(self, requests):
         payloads = {s: self._model(DXO(P.KIND_OUTPUT_GRADIENTS, {"g_z": g_z.cpu().numpy().astype(np.float32),
                                                                  "g_r": g_r.cpu().numpy().astype(np.float32),
-                                                                 "adv_weight": np.array([c], dtype=np.float32),
+                                                                 "adv_weight": _weights(c),
                                                                  "prior_weight": np.array([b], dtype=np.float32)}))
                     for s, (g_z, g_r, c, b) in requests.items()}
         results = self.exchange(P.TASK_GRADIENTS, payloads, self.rnd, min_responses=min(self._need(), len(payloads)))

@@ -50,7 +50,8 @@ import torch
 
 from medflare import MedflareError, PayloadError
 from medflare.fediod.config import FedIODConfig
-from medflare.fediod.losses import aggregate, balance_loss, conf_loss, ensemble_weights, label_ratio, mimic_loss, site_weights, unique_loss
+from medflare.fediod.losses import (aggregate, balance_loss, conf_loss, ensemble_weights, label_loss, label_ratio, mimic_loss, site_weights,
+                                    unique_loss)
 from medflare.fediod.replay import ReplayBank
 
 
@@ -64,11 +65,13 @@ class SiteInfo:
 
 @dataclass
 class Window:
-    """M steps' generated inputs: G's inputs, outputs (with G's graph) and, for segmentation, the label maps."""
+    """M steps' generated inputs: G's inputs, outputs (with G's graph), for segmentation the label maps, and with a
+    styled generator the site each input was drawn for (index into the sorted registered sites)."""
 
     w: list[torch.Tensor]
     x: list[torch.Tensor]
     y: list[torch.Tensor] | None = None
+    site: list[torch.Tensor] | None = None
 
     def inputs(self) -> torch.Tensor:
         """``(M, B, C, H, W)``, detached: what the sites receive."""
@@ -81,10 +84,10 @@ class Window:
 
 @dataclass
 class Requests:
-    """What :meth:`Distiller.combine` asks each site: gradients w.r.t. its outputs, its GAN weight and its prior's
-    weight (``grads[site] = (g_z, g_r, lg w_k, lb w_k)``)."""
+    """What :meth:`Distiller.combine` asks each site: gradients w.r.t. its outputs, its GAN weight (a number, or one
+    per input ``(M, B)`` with a styled generator) and its prior's weight (``grads[site] = (g_z, g_r, lg w_k, lb w_k)``)."""
 
-    grads: dict[str, tuple[torch.Tensor, torch.Tensor, float, float]] = field(default_factory=dict)
+    grads: dict[str, tuple[torch.Tensor, torch.Tensor, float | torch.Tensor, float]] = field(default_factory=dict)
     direct: list[torch.Tensor] = field(default_factory=list)
     dropped: dict[str, str] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)
@@ -96,7 +99,7 @@ class Federation(Protocol):
     def outputs(self, x: torch.Tensor, y: torch.Tensor | None) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, str]]:
         """({site: (logits, discriminator factors)}, {site: why it did not answer})."""
 
-    def input_gradients(self, requests: Mapping[str, tuple[torch.Tensor, torch.Tensor, float, float]]) -> dict[str, torch.Tensor]:
+    def input_gradients(self, requests: Mapping[str, tuple[torch.Tensor, torch.Tensor, float | torch.Tensor, float]]) -> dict[str, torch.Tensor]:
         """{site: per-input gradient (M, B, C, H, W)}."""
 
 
@@ -134,6 +137,7 @@ class Distiller:
         if task == "segmentation" and (label_maps is None or len(label_maps) == 0):
             raise MedflareError("segmentation FedIOD needs auxiliary label maps to condition the generator (config 'fediod.label_source')")
         self.label_maps = label_maps
+        self.styles = int(getattr(self.G, "styles", 0) or 0)
         self.rng = torch.Generator().manual_seed(int(seed))
         # past generated inputs + ensemble logits for the student's extra steps (own stream: G's noise is untouched)
         self.bank = ReplayBank(config.replay_size, seed=int(seed) + 1) if config.replay_size else None
@@ -157,6 +161,9 @@ class Distiller:
         missing = [c for c in range(self.num_classes) if held[c] == 0]
         if missing:
             self.log(f"no site holds classes {missing}: the student cannot learn them")
+        if self.styles and len(self.sites) > self.styles:
+            self.log(f"{len(self.sites)} sites share the generator's {self.styles} style codes (site i draws in code i mod "
+                     f"{self.styles}): raise the generator's 'styles' to give each site its own")
 
     # ---- one window --------------------------------------------------------------------------
     def sample(self, steps: int | None = None, batch: int | None = None, rng: torch.Generator | None = None) -> Window:
@@ -164,17 +171,23 @@ class Distiller:
         (graphs kept for :meth:`apply`); ``rng`` defaults to the run's own noise stream."""
         M, B, rng = steps or self.cfg.steps_per_window, batch or self.cfg.batch_size, rng or self.rng
         w, x, y = [], [], [] if self.task == "segmentation" else None
+        site = [] if self.styles else None
         for _ in range(M):
             if self.task == "segmentation":
                 idx = torch.randint(len(self.label_maps), (B,), generator=rng)
                 ym = self.label_maps[idx]
-                wm = self.G.condition(ym, generator=rng).to(self.device)
+                if self.styles:
+                    # one site per input, uniformly (each site's style equally often), drawn in that site's code
+                    site.append(torch.randint(len(self.sites) or self.styles, (B,), generator=rng))
+                    wm = self.G.condition(ym, generator=rng, style=site[-1] % self.styles).to(self.device)
+                else:
+                    wm = self.G.condition(ym, generator=rng).to(self.device)
                 y.append(ym.to(self.device))
             else:
                 wm = self.G.latent(B, generator=rng).to(self.device)
             w.append(wm)
             x.append(self.G(wm))
-        return Window(w, x, y)
+        return Window(w, x, y, site)
 
     @torch.no_grad()
     def preview(self, n: int, seed: int = 0) -> Window:
@@ -212,6 +225,8 @@ class Distiller:
         g_z = {s: [] for s in sites}
         g_r = {s: [] for s in sites}
         totals = {"conf": 0.0, "jsd": 0.0, "mimic": 0.0}
+        if c.lambda_label:
+            totals["label"] = 0.0
         for m, xm_graph in enumerate(window.x):
             xm = xm_graph.detach().requires_grad_(True)
             z = [outputs[s][0][m].to(self.device, torch.float32).requires_grad_(True) for s in sites]
@@ -220,6 +235,11 @@ class Distiller:
             A = aggregate(z, self._weights(sites, torch.stack(r), xm.shape[0]))
             conf, uniq, mimic = conf_loss(z, pi, c.tau), unique_loss(z, pi, c.tau), mimic_loss(student, A, c.mimic_tau)
             per_input = c.lambda_conf * conf + c.lambda_unique * uniq - c.lambda_mimic * mimic
+            ym = window.y[m] if window.y is not None else None
+            if c.lambda_label and ym is not None:
+                label = label_loss(self._label_logits(window, m, sites, z, A), ym)
+                per_input = per_input + c.lambda_label * label
+                totals["label"] += float(label.mean().detach())
             total = per_input.sum()
             if c.lambda_balance:
                 total = total + xm.shape[0] * c.lambda_balance * balance_loss(A, c.tau)
@@ -230,34 +250,60 @@ class Distiller:
                 g_z[s].append(gz if gz is not None else torch.zeros_like(z[i]))
                 g_r[s].append(gr if gr is not None else torch.zeros_like(r[i]))
             # the student's steps: min_S L_mimic with the ensemble fixed (Eq. 10)
-            s_loss = self._student_steps(xm.detach(), A.detach(), student)
+            s_loss = self._student_steps(xm.detach(), A.detach(), student, ym)
             totals["conf"] += float(conf.mean().detach())
             totals["jsd"] += float(-uniq.mean().detach())
             totals["mimic"] += float(s_loss.detach())
         M = len(window.x)
         req.stats = {k: v / M for k, v in totals.items()}
-        req.grads = {s: (torch.stack(g_z[s]).detach(), torch.stack(g_r[s]).detach(), float(c.lambda_gan * gan_w[i]),
+        req.grads = {s: (torch.stack(g_z[s]).detach(), torch.stack(g_r[s]).detach(), self._adv_weight(window, s, float(gan_w[i])),
                          float(c.lambda_bn * gan_w[i])) for i, s in enumerate(sites)}
         return req
 
-    def _student_steps(self, x: torch.Tensor, target: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-        """The student's steps for one generated batch ``x`` with ensemble logits ``target``; returns the first loss.
+    def _label_logits(self, window: Window, m: int, sites: Sequence[str], z: Sequence[torch.Tensor], A: torch.Tensor) -> torch.Tensor:
+        """What G's label term scores against the conditioning label maps at step ``m``: the ensemble A, or with a
+        styled generator each input's own site's teacher logits (the one expert on the style it was drawn in; an input
+        drawn for a site not in ``sites`` this window falls back to A)."""
+        if window.site is None:
+            return A
+        names = sorted(self.sites)
+        out = A
+        for k, s in enumerate(sites):
+            mine = (window.site[m].to(A.device) == names.index(s)).view(-1, *([1] * (A.ndim - 1)))
+            out = torch.where(mine, z[k], out)
+        return out
+
+    def _adv_weight(self, window: Window, site: str, weight: float) -> float | torch.Tensor:
+        """Site ``site``'s GAN weight: ``lambda_gan pi_k`` for every input (Eq. 2), or with a styled generator
+        ``lambda_gan`` on the inputs drawn for this site and 0 on the others, ``(M, B)``."""
+        if window.site is None:
+            return float(self.cfg.lambda_gan * weight)
+        k = sorted(self.sites).index(site)
+        return self.cfg.lambda_gan * torch.stack([(sm == k).float() for sm in window.site]).to(self.device)
+
+    def _student_steps(self, x: torch.Tensor, target: torch.Tensor, first: torch.Tensor, label: torch.Tensor | None = None) -> torch.Tensor:
+        """The student's steps for one generated batch ``x`` with ensemble logits ``target`` (and, segmentation, the
+        label maps ``label`` that conditioned G); returns the first loss.
 
         Step 1 is Algorithm 1's, on this batch (``first`` = S(x), already computed). With ``student_steps`` > 1
         each further step trains S on a batch drawn from the replay bank (:mod:`medflare.fediod.replay`), which
         this batch has joined, or on this batch again when ``replay_size`` is 0. No message is added.
         """
+        label = label if self.cfg.student_label else None
         if self.bank is not None:
-            self.bank.add(x, target)
-        loss = self._student_step(first, target)
+            self.bank.add(x, target, label)
+        loss = self._student_step(first, target, label)
         for _ in range(self.cfg.student_steps - 1):
-            xs, ts = self.bank.draw(len(x)) if self.bank is not None else (x, target)
-            self._student_step(self.S(xs), ts)
+            xs, ts, ls = (*self.bank.draw(len(x)), None)[:3] if self.bank is not None else (x, target, label)
+            self._student_step(self.S(xs), ts, ls)
         return loss
 
-    def _student_step(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """One Adam step of S on L_mimic(S(x) = ``out``, ``target``) (Eq. 10, the ensemble fixed); the loss."""
+    def _student_step(self, out: torch.Tensor, target: torch.Tensor, label: torch.Tensor | None = None) -> torch.Tensor:
+        """One Adam step of S on L_mimic(S(x) = ``out``, ``target``) (Eq. 10, the ensemble fixed), plus ``student_label``
+        x the cross-entropy to the conditioning label maps ``label`` when given; the loss."""
         loss = mimic_loss(out, target, self.cfg.mimic_tau).mean()
+        if label is not None:
+            loss = loss + self.cfg.student_label * label_loss(out, label).mean()
         self.opt_s.zero_grad(set_to_none=True)
         loss.backward()
         self.opt_s.step()

@@ -161,7 +161,8 @@ class FedIODExecutor(SiteExecutor):
         dxo = from_shareable(shareable)
         if dxo.data_kind != P.KIND_OUTPUT_GRADIENTS:
             raise PayloadError(f"site '{self.site}': task '{P.TASK_GRADIENTS}' expects a {P.KIND_OUTPUT_GRADIENTS} DXO, got {dxo.data_kind}")
-        adv_weight, prior_weight = (float(np.asarray(dxo.data[k]).reshape(-1)[0]) for k in ("adv_weight", "prior_weight"))
+        prior_weight = float(np.asarray(dxo.data["prior_weight"]).reshape(-1)[0])
+        adv_weight = torch.as_tensor(np.asarray(dxo.data["adv_weight"], dtype=np.float32))  # (1,) or per input (M, B)
         v = self.distiller.input_gradients(torch.as_tensor(dxo.data["g_z"]), torch.as_tensor(dxo.data["g_r"]), adv_weight, prior_weight)
         self.windows += 1
         eps = self.distiller.epsilon() if self.privacy.enabled else float("inf")

@@ -14,6 +14,8 @@ batch is scored like a classification batch of ``B * H * W`` inputs that share t
 - :func:`aggregate` is Eq. 9, ``A = sum_k pi_k(x) (.) z_k``; :func:`mimic_loss` is Eq. 10,
   ``E_w |S(G(w)) - A|^2`` (squared L2 over classes, mean over inputs and pixels).
 - :func:`balance_loss`: the reference code's class-balance term (not in the paper; ``lambda_balance``).
+- :func:`label_loss`: segmentation only, cross-entropy to the label map that conditioned G (not in the paper;
+  ``lambda_label`` for G through A, ``student_label`` for the student).
 - :func:`discriminator_loss` / :func:`generator_adv_loss`: the adversarial game of Eq. 2 in the classical
   (binary cross-entropy) form the paper says it follows; :func:`discriminator_score` is the ``D_k(x)`` of
   Eq. 8, the mean over patches of the PatchGAN's probability that ``x`` is the site's real data.
@@ -164,6 +166,15 @@ def mimic_loss(student: torch.Tensor, ensemble: torch.Tensor, tau: float = 0.0) 
     log_s = torch.log_softmax(student / tau, dim=1)
     log_a = torch.log_softmax(ensemble / tau, dim=1)
     return _mean_per_input((log_a.exp() * (log_a - log_s)).sum(dim=1)) * tau**2
+
+
+def label_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per input: the pixel-mean cross-entropy of segmentation logits ``(B, C, *s)`` to integer label maps ``(B, 1, *s)``
+    -> ``(B,)``. Not in the paper: with ``lambda_label`` G is asked to draw images that the ensemble A segments as the
+    label map that conditioned them, with ``student_label`` the student learns that label map too
+    (jobs/fediod_seg/README.md measures both)."""
+    per_pixel = F.cross_entropy(logits, labels[:, 0].long(), reduction="none")
+    return _mean_per_input(per_pixel)
 
 
 def discriminator_loss(real_logits: torch.Tensor, fake_logits: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,8 @@ task                        server -> site         site -> server (COLLECTION pa
                             y (M,B,1,H,W) seg}     ``privacy`` METRICS {epsilon, delta, ...}
 ``fediod_gradients``        ``FEDIOD_OUTPUT_GRA    ``input_gradients`` FEDIOD_INPUT_GRADIENTS {v (M, B, C, H, W)};
                             DIENTS`` {g_z, g_r,    ``privacy`` METRICS
-                            adv_weight (1,),
+                            adv_weight (1,) or
+                            (M, B),
                             prior_weight (1,)}
 ``fediod_validate``         WEIGHTS (the student)  ``metrics`` METRICS {val_* of the student}
 ==========================  =====================  ==============================================================

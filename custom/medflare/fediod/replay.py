@@ -40,6 +40,7 @@ class ReplayBank:
         self.rng = torch.Generator().manual_seed(int(seed))
         self._x: torch.Tensor | None = None
         self._target: torch.Tensor | None = None
+        self._label: torch.Tensor | None = None
         self._size = 0  # entries held
         self._next = 0  # slot the next entry goes to (the oldest one once the bank is full)
 
@@ -61,26 +62,36 @@ class ReplayBank:
         """The targets of :attr:`x`, in the same order."""
         return None if self._target is None else self._target[self._order().to(self._target.device)]
 
-    def add(self, x: torch.Tensor, target: torch.Tensor) -> None:
-        """Keep a batch (detached); the oldest entries beyond ``capacity`` are dropped."""
-        if len(x) != len(target):
-            raise ValueError(f"inputs ({len(x)}) and targets ({len(target)}) must pair up")
+    def add(self, x: torch.Tensor, target: torch.Tensor, label: torch.Tensor | None = None) -> None:
+        """Keep a batch (detached), with the label maps that conditioned it when given (then always: a bank holds
+        labels for every entry or for none); the oldest entries beyond ``capacity`` are dropped."""
+        if len(x) != len(target) or (label is not None and len(label) != len(x)):
+            raise ValueError(f"inputs ({len(x)}), targets ({len(target)}) and labels must pair up")
+        if self._x is not None and (label is None) != (self._label is None):
+            raise ValueError("a replay bank holds labels for every entry or for none")
         x, target = x.detach()[-self.capacity:], target.detach()[-self.capacity:]
         if self._x is None:
             self._x = x.new_empty((self.capacity, *x.shape[1:]))
             self._target = target.new_empty((self.capacity, *target.shape[1:]))
+            if label is not None:
+                self._label = label.new_empty((self.capacity, *label.shape[1:]))
         slots = (self._next + torch.arange(len(x))) % self.capacity
         self._x[slots.to(x.device)], self._target[slots.to(target.device)] = x, target
+        if label is not None:
+            self._label[slots.to(label.device)] = label.detach()[-self.capacity:]
         self._next = int(slots[-1] + 1) % self.capacity
         self._size = min(self._size + len(x), self.capacity)
 
-    def draw(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``n`` pairs drawn uniformly with replacement."""
+    def draw(self, n: int) -> tuple[torch.Tensor, ...]:
+        """``n`` entries drawn uniformly with replacement: (inputs, targets), and their labels third when the bank
+        holds labels."""
         if self._size == 0:
             raise ValueError("the replay bank is empty")
         idx = torch.randint(self._size, (int(n),), generator=self.rng)
         slots = self._order()[idx].to(self._x.device)
-        return self._x[slots], self._target[slots]
+        if self._label is None:
+            return self._x[slots], self._target[slots]
+        return self._x[slots], self._target[slots], self._label[slots]
 
 
 __all__ = ["ReplayBank"]

@@ -42,7 +42,10 @@ class StudentResult(Result):
         if self.description.get("task") == "segmentation":
             if not label_maps:
                 raise ConfigError(f"'{self.path}' holds a label-conditioned generator: pass --labels DATALIST (its label maps condition it)")
-            return [self.generator(self.generator.condition(y[None].cpu().long(), generator=rng).to(device))[0] for y in label_maps]
+            styles = int(getattr(self.generator, "styles", 0) or 0)  # a styled G draws the i-th map in style i mod styles
+            return [self.generator(self.generator.condition(y[None].cpu().long(), generator=rng,
+                                                            style=torch.tensor([i % styles]) if styles else None).to(device))[0]
+                    for i, y in enumerate(label_maps)]
         num = int(options.get("num", 8))
         return list(self.generator(self.generator.latent(num, generator=rng).to(device)))
 

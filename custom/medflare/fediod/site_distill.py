@@ -7,8 +7,9 @@ The site holds its frozen teacher T_k and its discriminator D_k. Per window of M
    ``r_k(x) = D_k(x) / E_{x'_k} D_k(x'_k)`` (the mean over this window's real images, with D_k as it is now);
 2. :meth:`SiteDistiller.input_gradients`: receives the per-input gradients of the server's loss with
    respect to its outputs, ``g_z = dL/dz_k`` and ``g_r = dL/dr_k``, the weight ``c_k`` of its own GAN
-   term and the weight ``b_k`` of its teacher's batch-statistics prior, and returns the vector-Jacobian product
-   ``v_k(x_i) = d/dx_i [ <g_z,i, T_k(x_i)> + g_r,i r_k(x_i) + c_k l_adv(D_k(x_i)) + B b_k R_k(x_1..B) ]``
+   term (one number, or one per input ``c_k,i`` when the server's generator draws each input in one site's style)
+   and the weight ``b_k`` of its teacher's batch-statistics prior, and returns the vector-Jacobian product
+   ``v_k(x_i) = d/dx_i [ <g_z,i, T_k(x_i)> + g_r,i r_k(x_i) + c_k,i l_adv(D_k(x_i)) + B b_k R_k(x_1..B) ]``
    (per input, clipped and noised when the site's privacy settings say so), then trains D_k for M steps
    on (real batch m, generated batch m), as in Algorithm 1. ``R_k`` is the BatchNorm-statistics prior of
    :func:`medflare.nets.batchnorm.forward_with_bn_prior` on T_k (``lambda_bn``, not in the paper; b_k = 0
@@ -134,10 +135,10 @@ class SiteDistiller:
         return z, r
 
     # ---- call 2 --------------------------------------------------------------------------------
-    def input_gradients(self, g_z: torch.Tensor, g_r: torch.Tensor, adv_weight: float, prior_weight: float) -> torch.Tensor:
+    def input_gradients(self, g_z: torch.Tensor, g_r: torch.Tensor, adv_weight: float | torch.Tensor, prior_weight: float) -> torch.Tensor:
         """Per-input VJP ``(M, B, C, H, W)`` of the window of call 1 (clipped and noised per the site's settings),
-        then M discriminator steps. ``g_z``: like the logits; ``g_r``: ``(M, B)``; ``adv_weight``, ``prior_weight``:
-        c_k and b_k of the module docstring."""
+        then M discriminator steps. ``g_z``: like the logits; ``g_r``: ``(M, B)``; ``adv_weight``: c_k of the module
+        docstring, a number or ``(M, B)``; ``prior_weight``: b_k."""
         if self._x is None:
             raise PayloadError("input gradients were asked for before any generated inputs arrived")
         M, B = self._x.shape[:2]
@@ -145,6 +146,11 @@ class SiteDistiller:
         if tuple(g_z.shape) != expected_z or tuple(g_r.shape) != (M, B):
             raise PayloadError(f"output gradients must have shapes {expected_z} and {(M, B)}, got {tuple(g_z.shape)} and {tuple(g_r.shape)}")
         g_z, g_r = g_z.to(self.device), g_r.to(self.device)
+        adv = torch.as_tensor(adv_weight, dtype=torch.float32, device=self.device)
+        if adv.numel() == 1:
+            adv = adv.reshape(()).expand(M, B)
+        if tuple(adv.shape) != (M, B) or not torch.isfinite(adv).all():
+            raise PayloadError(f"the GAN weight must be a finite number or (M, B) = {(M, B)} per-input weights, got shape {tuple(adv.shape)}")
         grads = []
         for m in range(M):
             xm = self._x[m].detach().requires_grad_(True)
@@ -156,8 +162,8 @@ class SiteDistiller:
             else:
                 z, prior = self.teacher(xm), 0.0
             objective = (g_z[m] * z).sum() + (g_r[m] * discriminator_score(logits) / self._real_mean).sum() + B * prior_weight * prior
-            if adv_weight:
-                objective = objective + adv_weight * generator_adv_loss(logits).sum()
+            if bool(adv[m].any()):
+                objective = objective + (adv[m] * generator_adv_loss(logits)).sum()
             grads.append(torch.autograd.grad(objective, xm)[0])
         v = torch.stack(grads)
         if self.privacy.clip_norm > 0 or self.privacy.enabled:

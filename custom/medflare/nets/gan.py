@@ -6,7 +6,8 @@
 - :class:`LabelGenerator` (segmentation): the label-to-image "ResNet" generator of pix2pix / AsynDGAN
   (7x7 conv, ``downsamplings`` stride-2 convs, ``blocks`` residual units, as many transposed convs, 7x7
   conv), built from MONAI ``Convolution`` / ``ResidualUnit`` blocks. Input: the one-hot label map plus
-  ``noise_channels`` of Gaussian noise; output an image in [0, 1]. The paper's G has 9 blocks.
+  ``noise_channels`` of Gaussian noise; output an image in [0, 1]. The paper's G has 9 blocks. With ``styles``
+  > 0 each input also carries a style code (which site's imaging style to draw; not in the paper).
 - :class:`PatchCritic`: MONAI's ``PatchDiscriminator`` (pix2pix PatchGAN) returning the final logits map
   ``(B, 1, h, w)``; instance norm instead of batch norm, so a score depends on its own input only, which
   keeps every per-input gradient a site releases a function of that input alone (per-sample clipping).
@@ -71,21 +72,27 @@ class LabelGenerator(nn.Module):
         downsamplings: stride-2 convolutions (and as many transposed ones). Default 2.
         noise_channels: channels of N(0, 1) noise stacked on the label map, so one label map gives varied
             images. Default 1.
+        styles: style codes (0 = none, the paper's G). With ``styles`` = S the one-hot label map is given once per
+            code, zero in every copy but the input's own code's (``C * S`` channels): a code switches the first
+            convolution's filters per class. A constant code channel would not do: the instance norm after the first
+            convolution removes a constant. FedIOD's server draws one site per input and its code, and that site's critic
+            alone judges the input (:mod:`medflare.fediod.distill`), so each code learns one site's style. Default 0.
     """
 
     def __init__(self, num_classes: int = 3, out_channels: int = 1, width: int = 64, blocks: int = 9, downsamplings: int = 2,
-                 noise_channels: int = 1):
+                 noise_channels: int = 1, styles: int = 0):
         super().__init__()
         from monai.networks.blocks import Convolution, ResidualUnit
 
         for key, value in (("num_classes", num_classes), ("out_channels", out_channels), ("width", width)):
             check_positive_int("label_generator", key, value)
-        for key, value in (("blocks", blocks), ("downsamplings", downsamplings), ("noise_channels", noise_channels)):
+        for key, value in (("blocks", blocks), ("downsamplings", downsamplings), ("noise_channels", noise_channels), ("styles", styles)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"label_generator: '{key}' must be an int >= 0, got {value!r}")
-        self.num_classes, self.noise_channels, self.downsamplings = num_classes, noise_channels, downsamplings
+        self.num_classes, self.noise_channels, self.downsamplings, self.styles = num_classes, noise_channels, downsamplings, styles
         conv = dict(spatial_dims=2, norm="INSTANCE", act="RELU")
-        layers: list[nn.Module] = [Convolution(in_channels=num_classes + noise_channels, out_channels=width, kernel_size=7, **conv)]
+        label_channels = num_classes * max(styles, 1)
+        layers: list[nn.Module] = [Convolution(in_channels=label_channels + noise_channels, out_channels=width, kernel_size=7, **conv)]
         ch = width
         for _ in range(downsamplings):
             layers.append(Convolution(in_channels=ch, out_channels=ch * 2, strides=2, kernel_size=3, **conv))
@@ -97,15 +104,22 @@ class LabelGenerator(nn.Module):
         layers.append(Convolution(spatial_dims=2, in_channels=ch, out_channels=out_channels, kernel_size=7, conv_only=True))
         self.net = nn.Sequential(*layers)
 
-    def condition(self, labels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Generator input from label maps ``(B, 1, H, W)`` int: one-hot classes + noise channels ``(B, C + noise, H, W)``."""
+    def condition(self, labels: torch.Tensor, generator: torch.Generator | None = None, style: torch.Tensor | None = None) -> torch.Tensor:
+        """Generator input from label maps ``(B, 1, H, W)`` int and, with ``styles``, style codes ``style`` ``(B,)`` int in
+        [0, styles): one-hot classes (one copy per code, see the class docstring) + noise channels
+        ``(B, C * max(styles, 1) + noise, H, W)``."""
         onehot = one_hot(labels, self.num_classes)
+        if self.styles:
+            if style is None or tuple(style.shape) != (labels.shape[0],) or int(style.min()) < 0 or int(style.max()) >= self.styles:
+                raise ConfigError(f"label_generator with {self.styles} styles needs one style code in [0, {self.styles}) per label map")
+            code = nn.functional.one_hot(style.long(), self.styles).float().to(labels.device)  # (B, S)
+            onehot = (code[:, :, None, None, None] * onehot[:, None]).flatten(1, 2)  # (B, S * C, H, W)
         noise = torch.randn(labels.shape[0], self.noise_channels, *labels.shape[2:], generator=generator, device=labels.device)
         return torch.cat([onehot, noise], dim=1)
 
     def forward(self, w: torch.Tensor) -> torch.Tensor:
-        """``(B, num_classes + noise_channels, H, W) -> (B, out_channels, H, W)`` in [0, 1]; H, W divisible by
-        ``2 ** downsamplings``."""
+        """``(B, num_classes * max(styles, 1) + noise_channels, H, W) -> (B, out_channels, H, W)`` in [0, 1]; H, W
+        divisible by ``2 ** downsamplings``."""
         side = 2 ** self.downsamplings
         if w.shape[-1] % side or w.shape[-2] % side:
             raise ConfigError(f"label_generator: image sides {tuple(w.shape[-2:])} must be divisible by {side} (2 ** downsamplings)")

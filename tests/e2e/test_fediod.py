@@ -76,6 +76,7 @@ def _cls_then_budget(repo, tmp):
 #: every run of the module, started in the background (tests/e2e/__init__.py)
 SEG_ROUNDS = 4  # 48 distillation steps of the tiny preset
 FEDAVG_FRACTION = 0.2  # the student's client-average Dice at least this share of FedAvg's on the same sites
+INVERTED_FLOOR = 0.05  # site-2 (inverted contrast): the paper's settings leave it at 0.00-0.03 here, the shipped preset ~0.1
 
 
 def _seg_fedavg(repo, tmp):
@@ -221,10 +222,11 @@ def test_segmentation_job(seg_run, seg_fedavg_run, tmp_path):
     baseline = _evaluate(seg_fedavg_run.app_server / "FL_global_model.pt", tmp_path / "fedavg.json")
     table = student["global"]
     assert {"dice", "sensitivity", "specificity", "hd95"} <= set(table)
-    site_dice = {s: m["dice"] for s, m in student["sites"].items()}
+    site_dice = {s: m["mean"]["dice"] for s, m in student["sites"].items()}
     print(f"fediod_seg_tiny after {SEG_ROUNDS} rounds: student Dice {site_dice} (client average {student['client_average']['dice']:.3f}), "
-          f"FedAvg {({s: m['dice'] for s, m in baseline['sites'].items()})} ({baseline['client_average']['dice']:.3f})")
+          f"FedAvg {({s: m['mean']['dice'] for s, m in baseline['sites'].items()})} ({baseline['client_average']['dice']:.3f})")
     assert student["client_average"]["dice"] > FEDAVG_FRACTION * baseline["client_average"]["dice"], (student, baseline)
+    assert site_dice["site-2"] > INVERTED_FLOOR, f"the inverted-contrast site stays near zero: {site_dice}"
     generator = load_result(run.app_server / STUDENT_FILE).generator.cpu().eval()
     labels = torch.stack([item["label"] for item in load_site("site-1", get_preset("fediod_seg_tiny")["data"]).test]).long()
     with torch.no_grad():  # style code k = the k-th registered site (sorted): site-2 is code 1

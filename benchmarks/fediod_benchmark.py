@@ -7,6 +7,9 @@ federated protocol.
     python benchmarks/fediod_benchmark.py --table ablation [--beta 0.1]
     python benchmarks/fediod_benchmark.py --table dp       [--sigmas 0,1,4,16,64]
     python benchmarks/fediod_benchmark.py --table overhead [--windows 4]
+    python benchmarks/fediod_benchmark.py --table curve    [--cls-preset fediod_cls_tiny] [--sites N] [--seeds 0,1]
+                                    [--curve-every 80] [--curve-steps 400] [--site2-resnet8] [--curve-data beta=0.2+scale=0.5]
+                                    [--variants preset,student_steps=1+replay_size=0,lambda_bn=0]
     python benchmarks/fediod_benchmark.py --table all      (every table with the defaults: about 15 min on 2 CPU cores)
     add --paper for the paper's scale (ResNet-8, K=20, 32x32, 300 rounds; days on a CPU)
 
@@ -41,8 +44,9 @@ from medflare.fediod.config import FedIODConfig
 from medflare.fediod.privacy import PrivacySettings
 from medflare.fediod.samples import sample_grid
 from medflare.fediod.distill import Distiller, LocalFederation, SiteInfo, steps_total
+from medflare.fediod.losses import aggregate, ensemble_weights, label_ratio
 from medflare.fediod.site_distill import label_counts, site_distiller
-from medflare.fediod.teacher import data_args, train_teacher
+from medflare.fediod.teacher import teacher_settings, train_teacher
 from medflare.metrics import evaluate
 from medflare.presets import get_preset
 
@@ -62,19 +66,22 @@ def load_avg() -> str:
 class Federation:
     """Sites' data and teachers for one preset (teachers trained once per preset and kept in memory)."""
 
-    def __init__(self, preset: str, overrides: Mapping[str, Any] | None, sites: list[str], device, seed: int = 0):
+    def __init__(self, preset: str, overrides: Mapping[str, Any] | None, sites: list[str], device, seed: int = 0,
+                 teachers: Mapping[str, Mapping[str, Any]] | None = None):
+        """``teachers``: ``{site: {"name", "args"}}``, a site's own teacher network in place of the preset's model (what
+        the site's ``medflare_site.json`` 'fediod.teacher' chooses in the job; the same :func:`teacher_settings` reads it)."""
         self.preset, self.overrides = preset, dict(overrides or {})
         self.cfg = get_preset(preset, overrides)
         self.sites, self.device, self.seed = sites, device, seed
         self.data = {s: load_site(s, self.cfg["data"]) for s in sites}
         self.task = next(iter(self.data.values())).task
-        self.teachers = {}
+        self.teachers, self.teacher_specs = {}, {}
         tic = time.perf_counter()
-        spec = self.cfg["model"]
         for s, d in self.data.items():
-            size = int(d.train[0]["image"].shape[-1])
-            full = {"name": spec["name"], "args": {**spec.get("args", {}), **data_args(spec["name"], d.in_channels, d.num_classes, size)}}
-            self.teachers[s], _ = train_teacher(full, self.cfg["train"], d.train, d.task, device, seed=seed)
+            own = {"fediod": {"teacher": dict(teachers[s])}} if teachers and s in teachers else {}
+            spec, train, _, _ = teacher_settings(own, self.cfg, s, d.num_classes, d.in_channels, int(d.train[0]["image"].shape[-1]))
+            self.teacher_specs[s] = spec
+            self.teachers[s], _ = train_teacher(spec, train, d.train, d.task, device, seed=seed)
         self.teacher_seconds = time.perf_counter() - tic
         self.infos = {s: SiteInfo(label_counts(d.train, d.task, d.num_classes), len(d.train)) for s, d in self.data.items()}
 
@@ -86,20 +93,23 @@ class Federation:
                         metrics=self.cfg["eval"]["metrics"], device=self.device)["mean"]
 
     def distill(self, rounds: int, fediod: Mapping[str, Any] | None = None, privacy: PrivacySettings | None = None,
-                label: str = "fediod", samples_dir: Path | None = None, probe=None) -> dict[str, Any]:
+                label: str = "fediod", samples_dir: Path | None = None, probe=None, seed: int | None = None,
+                curve_split: str = "val") -> dict[str, Any]:
         """Stage 2 for ``rounds`` rounds with ``fediod`` as further overrides of the preset's fediod section (any of its
-        keys, checked as a job's overrides are); scores after each round (``probe(self, distiller, federation)`` adds a
-        diagnosis of each round, kept in ``out["probes"]``)."""
+        keys, checked as a job's overrides are); scores the student on the union of the sites' ``curve_split`` after
+        each round (``out["curve"]``; ``probe(self, distiller, federation)`` adds a diagnosis of each round, kept in
+        ``out["probes"]``). ``seed`` seeds G, S, the sites' critics and the noise (default: the teachers' seed)."""
+        seed = self.seed if seed is None else int(seed)
         cfg = get_preset(self.preset, {**self.overrides, "fediod": {**self.overrides.get("fediod", {}), **(fediod or {})}})
         fcfg = FedIODConfig.from_preset(cfg)
-        sites = {s: site_distiller(cfg, fcfg, s, self.teachers[s], self.data[s].train, privacy, self.seed, self.device) for s in self.sites}
-        nets = server_networks(cfg, fcfg, self.seed)
+        sites = {s: site_distiller(cfg, fcfg, s, self.teachers[s], self.data[s].train, privacy, seed, self.device) for s in self.sites}
+        nets = server_networks(cfg, fcfg, seed)
         labels = None
         if self.task == "segmentation":
             aux = load_site(fcfg.label_source, cfg["data"])
             labels = torch.stack([aux.train[i]["label"] for i in range(len(aux.train))]).long()
         dist = Distiller(nets.generator, nets.student, fcfg, self.task, self.cfg["data"]["num_classes"],
-                         total_steps=steps_total(rounds, fcfg), label_maps=labels, device=self.device, seed=self.seed)
+                         total_steps=steps_total(rounds, fcfg), label_maps=labels, device=self.device, seed=seed)
         dist.set_sites(self.infos)
         fed = LocalFederation(sites)
         curve, probes, tic = [], [], time.perf_counter()
@@ -108,7 +118,7 @@ class Federation:
             for _ in range(fcfg.windows_per_round):
                 dist.run_window(fed)
             nets.student.eval()
-            curve.append(self.score(nets.student, "val")[key])
+            curve.append(self.score(nets.student, curve_split)[key])
             if probe is not None:
                 probes.append(probe(self, dist, fed))
                 log(f"{label} round {rnd + 1}: val {curve[-1]:.3f} {probes[-1]}")
@@ -116,14 +126,14 @@ class Federation:
             if len(fed.stopped) == len(sites):
                 break
         nets.student.eval()
-        out = {"label": label, "rounds": rnd + 1, "steps": dist.steps, "seconds": time.perf_counter() - tic,
+        out = {"label": label, "seed": seed, "rounds": rnd + 1, "steps": dist.steps, "seconds": time.perf_counter() - tic,
                "test": self.score(nets.student), "curve": curve, "probes": probes,
                "per_site": self.per_site(nets.student, self.cfg["eval"]["metrics"]) if self.task == "segmentation" else {},
                "epsilon": {s: site.epsilon() for s, site in sites.items()}, "stopped": dict(fed.stopped)}
         if samples_dir is not None:
             from PIL import Image
 
-            window = dist.preview(16, self.seed)
+            window = dist.preview(16, seed)
             grid = sample_grid(window.inputs()[0], window.labels()[0] if window.y is not None else None)
             samples_dir.mkdir(parents=True, exist_ok=True)
             Image.fromarray(grid.transpose(1, 2, 0)).save(samples_dir / f"{label}.png")
@@ -140,11 +150,29 @@ class Federation:
                            device=self.device)["mean"] for s, d in self.data.items()}
         return out if metrics else {s: m[key] for s, m in out.items()}
 
+    def label_ensemble(self) -> torch.nn.Module:
+        """The teachers' ensemble the server forms with ``ensemble`` "labels" (Eq. 9 with Eq. 8's label factor alone, no
+        discriminator factor), as one network: the ceiling of what the student learns from them on real images."""
+        return LabelEnsemble(list(self.teachers.values()), [self.infos[s].counts for s in self.teachers])
+
     def standalone(self) -> dict[str, float]:
         """Each teacher on the union test set: mean and std over sites of the key metric (Table 1 'Standalone')."""
         key = self.cfg["eval"]["key_metric"]
         values = [self.score(t)[key] for t in self.teachers.values()]
         return {"mean": statistics.mean(values), "std": statistics.pstdev(values), "per_site": dict(zip(self.teachers, values))}
+
+
+class LabelEnsemble(torch.nn.Module):
+    """``A(x) = sum_k pi_k (.) T_k(x)`` with ``pi_k`` :func:`ensemble_weights` of the sites' :func:`label_ratio` (what
+    :class:`Distiller` aggregates with ``ensemble`` "labels"), for :func:`evaluate`."""
+
+    def __init__(self, teachers: list[torch.nn.Module], counts: list[torch.Tensor]):
+        super().__init__()
+        self.teachers = torch.nn.ModuleList(teachers)
+        self.register_buffer("ratio", label_ratio(torch.stack([torch.as_tensor(c) for c in counts])))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return aggregate([t(x) for t in self.teachers], ensemble_weights(self.ratio, None))
 
 
 # ---- segmentation diagnosis ----------------------------------------------------------------------
@@ -178,8 +206,6 @@ def seg_static(fed: Federation, label_source: str) -> dict[str, Any]:
     """What the sites and the server hold before distillation: each teacher on each site's test split (Dice), the
     teachers' label-ratio ensemble (Eq. 8 without D's factor) and plain mean on each site's real test images, the
     object contrast of each site's images and the label maps' class shares of every site and of the server's own."""
-    from medflare.fediod.losses import aggregate, ensemble_weights, label_ratio
-
     C = fed.cfg["data"]["num_classes"]
     sites = list(fed.teachers)
     matrix = {t: fed.per_site(fed.teachers[t]) for t in sites}
@@ -205,7 +231,7 @@ def seg_probe(fed: Federation, dist: Distiller, federation: LocalFederation, n: 
     """One round's diagnosis on ``n`` samples of G from a fixed seed: how many are of inverted contrast, how well each
     teacher, the Eq. 8 ensemble and the student segment them as their conditioning label maps, each site's mean Eq. 8
     weight, and the student's Dice on each site's test split. Measurement only: no site's state changes."""
-    from medflare.fediod.losses import aggregate, discriminator_score
+    from medflare.fediod.losses import discriminator_score
     from medflare.nets.gan import one_hot
 
     C = fed.cfg["data"]["num_classes"]
@@ -527,20 +553,89 @@ def table_overhead(args, device) -> dict:
                      "steps_per_window": fcfg.steps_per_window}, "markdown": "\n".join(md)}
 
 
+# ---- classification curves ------------------------------------------------------------------------
+#: the e2e test's second teacher architecture (tests/e2e/test_fediod.py SECOND_TEACHER), for --site2-resnet8
+SITE2_RESNET8 = {"name": "resnet8", "args": {"widths": [8, 16, 32]}}
+
+
+def parse_overrides(text: str) -> dict[str, Any]:
+    """``"key=value+key=value"`` -> ``{key: value}``, each value read as JSON where it parses (``10``, ``5e-3``,
+    ``true``, ``[8, 16]``) and as a string otherwise; "preset" (or "") -> ``{}``. The keys are checked where they are
+    used, as a job's overrides are (:func:`get_preset`)."""
+    out: dict[str, Any] = {}
+    if text in ("", "preset"):
+        return out
+    for part in text.split("+"):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"'{part}' in '{text}' is not key=value")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
+
+
+def table_curve(args, device) -> dict:
+    """The student's accuracy on the union of the sites' test splits every ``--curve-every`` steps of one FedIOD
+    classification run of ``--curve-steps`` steps (the cosine schedules over that length), in one process, for each
+    variant of ``--variants`` ("preset", or '+'-joined key=value overrides of the fediod section) and each seed of
+    ``--seeds`` (G, S, the critics and the noise; the teachers are trained once with ``--seed``). With the teachers'
+    accuracies on the same test set and their label-weighted ensemble's (the ceiling of what the student learns)."""
+    preset = args.curve_preset
+    data = parse_overrides(args.curve_data)
+    if args.curve_sites:
+        data["num_sites"] = args.curve_sites
+    cfg = get_preset(preset, {"data": data} if data else None)
+    sites = sites_of(int(cfg["data"]["num_sites"]))
+    fcfg = FedIODConfig.from_preset(cfg)
+    every, total, M = args.curve_every, args.curve_steps, fcfg.steps_per_window
+    if every % M or total % every:
+        raise SystemExit(f"--curve-every ({every}) must be a multiple of the preset's steps_per_window ({M}) and divide "
+                         f"--curve-steps ({total})")
+    teachers = {"site-2": SITE2_RESNET8} if args.site2_resnet8 else None
+    fed = Federation(preset, {"data": data} if data else {}, sites, device, seed=args.seed, teachers=teachers)
+    key = fed.cfg["eval"]["key_metric"]
+    on_union = {s: fed.score(t)[key] for s, t in fed.teachers.items()}
+    ensemble = fed.score(fed.label_ensemble())[key]
+    log(f"teachers on the union test set {on_union}; label-weighted ensemble {ensemble:.3f} (teachers {fed.teacher_seconds:.0f} s)")
+    columns = list(range(every, total + 1, every))
+    md = [f"Preset {preset}" + (f", data {data}" if data else "") + f"; sites {', '.join(sites)}; teachers "
+          + ", ".join(f"{s} {fed.teacher_specs[s]['name']}" + (f" {fed.teacher_specs[s]['args'].get('widths')}" if "widths" in
+                      fed.teacher_specs[s]["args"] else "") for s in sites)
+          + f" (seed {args.seed}, {fed.teacher_seconds:.0f} s); {fed.task}, {key} on the union of the sites' test splits "
+          f"({sum(len(d.test) for d in fed.data.values())} images); B = {fcfg.batch_size}, M = {M}; cosine over {total} steps.", "",
+          "Teachers: " + " / ".join(f"{on_union[s]:.3f}" for s in sites) + f"; label-weighted ensemble {ensemble:.3f}.", "",
+          "| variant | seed | " + " | ".join(map(str, columns)) + " steps | seconds | load (1/5/15 min) |", "|---|---|" + "---|" * (len(columns) + 2)]
+    runs: dict[str, dict[int, dict[str, Any]]] = {}
+    for name in args.variants:
+        for seed in args.seeds:
+            # one round = --curve-every steps, so the round loop scores the student at each column
+            run = fed.distill(total // every, fediod={"windows_per_round": every // M, **parse_overrides(name)}, seed=seed,
+                              label=f"{name} seed {seed}", curve_split="test")
+            run["load_average"] = load_avg()
+            runs.setdefault(name, {})[seed] = run
+            md.append(f"| {name} | {seed} | " + " | ".join(f"{v:.3f}" for v in run["curve"]) + " | " * (len(columns) - len(run["curve"]))
+                      + f" | {run['seconds']:.0f} | {run['load_average']} |")
+    return {"preset": preset, "data": data, "sites": sites, "teachers": fed.teacher_specs, "teachers_on_union": on_union,
+            "label_ensemble": ensemble, "steps": columns, "runs": runs, "markdown": "\n".join(md)}
+
+
 def sites_of(n: int) -> list[str]:
     return [f"site-{i}" for i in range(1, n + 1)]
 
 
-TABLES = {"cls": table_cls, "seg": table_seg, "segdiag": table_seg_diagnosis, "ablation": table_ablation, "dp": table_dp, "overhead": table_overhead}
+TABLES = {"cls": table_cls, "seg": table_seg, "segdiag": table_seg_diagnosis, "ablation": table_ablation, "dp": table_dp, "overhead": table_overhead,
+          "curve": table_curve}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--table", default="all", choices=[*TABLES, "all"])
-    p.add_argument("--sites", type=int, default=4)
+    p.add_argument("--sites", type=int, default=None, help="classification sites (default 4; curve: the preset's)")
     p.add_argument("--rounds", type=int, default=8, help="FedIOD rounds (classification)")
     p.add_argument("--seg-rounds", type=int, default=10, help="FedIOD rounds (segmentation; the report's 10)")
-    p.add_argument("--seeds", default="0", help="seg: seeds")
+    p.add_argument("--seeds", default="0", help="seg, curve: seeds (curve: of the distillation; the teachers use --seed)")
     p.add_argument("--seg-sites", type=int, default=6, help="seg, segdiag: sites site-1..N (the report's 6; site-2, site-6 inverted)")
     p.add_argument("--fedavg-rounds", type=int, default=10, help="seg: FedAvg rounds (the report's 10)")
     p.add_argument("--fedavg-epochs", type=int, default=2, help="seg: FedAvg local epochs a round (the report's 2)")
@@ -552,10 +647,15 @@ def main(argv=None) -> int:
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--noise-outputs", action="store_true")
     p.add_argument("--windows", type=int, default=4, help="windows per round in the overhead table")
-    p.add_argument("--cls-preset", default="fediod_cls")
+    p.add_argument("--cls-preset", default=None, help="classification preset (default fediod_cls; curve: fediod_cls_tiny)")
+    p.add_argument("--curve-every", type=int, default=80, help="curve: score the student every K steps (a multiple of M)")
+    p.add_argument("--curve-steps", type=int, default=400, help="curve: the run's steps (the cosine schedules' length)")
+    p.add_argument("--curve-data", default="", help="curve: '+'-joined key=value overrides of the data section (beta=0.5+scale=0.5)")
+    p.add_argument("--site2-resnet8", action="store_true", help="curve: site-2's teacher a ResNet-8 8/16/32 (the e2e test's)")
     p.add_argument("--seg-preset", default="fediod_seg")
     p.add_argument("--variants", default="preset", help="seg, segdiag: comma-separated FedIOD-seg variants: preset, paper, or "
-                   f"'+'-joined changes of the paper's settings ({', '.join(_SEG_CHANGES)}); see seg_variant")
+                   f"'+'-joined changes of the paper's settings ({', '.join(_SEG_CHANGES)}); see seg_variant. curve: preset, or "
+                   "'+'-joined key=value overrides of the fediod section (student_steps=1+replay_size=0); see parse_overrides")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--paper", action="store_true", help="paper scale: fediod_cls_paper / fediod_seg_paper, 20 sites, 300 rounds")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
@@ -566,6 +666,8 @@ def main(argv=None) -> int:
     args.sigmas = [float(s) for s in args.sigmas.split(",")]
     args.variants = args.variants.split(",")
     args.seeds = [int(x) for x in args.seeds.split(",")]
+    args.curve_sites, args.curve_preset = args.sites, args.cls_preset or "fediod_cls_tiny"
+    args.sites, args.cls_preset = args.sites or 4, args.cls_preset or "fediod_cls"
     if args.paper:
         args.cls_preset, args.seg_preset, args.sites, args.rounds, args.seg_rounds = "fediod_cls_paper", "fediod_seg_paper", 20, 300, 400
     if args.threads:

@@ -10,7 +10,7 @@ federated protocol.
     python benchmarks/fediod_benchmark.py --table curve    [--cls-preset fediod_cls_tiny] [--sites N] [--seeds 0,1]
                                     [--curve-every 80] [--curve-steps 400] [--site2-resnet8] [--curve-data beta=0.2+scale=0.5]
                                     [--variants preset,student_steps=1+replay_size=0,lambda_bn=0]
-    python benchmarks/fediod_benchmark.py --table all      (every table with the defaults: about 15 min on 2 CPU cores)
+    python benchmarks/fediod_benchmark.py --table all      (every table but curve with the defaults: about 15 min on 2 CPU cores)
     add --paper for the paper's scale (ResNet-8, K=20, 32x32, 300 rounds; days on a CPU)
 
 FedIOD rows run stage 1 (one teacher per site) and stage 2 in one process through the same site and server code the
@@ -18,7 +18,10 @@ FLARE job runs (:class:`medflare.fediod.distill.LocalFederation`; tests/unit/tes
 the same generator gradients), so a table costs minutes instead of a simulator run per cell. FedAvg runs the shipped
 jobs/fedavg in the FLARE simulator on the same preset (data, network, local training), centralised training is
 ``medflare baseline --mode central``, "standalone" is each site's teacher on the union of the sites' test splits
-(Table 1's mean +- std over sites). The overhead table runs the real FLARE job. Writes ``<out>/<table>.md`` and
+(Table 1's mean +- std over sites). The overhead table runs the real FLARE job. The curve table is the diagnosis of
+benchmarks/RESULTS_fediod.md: the student's accuracy on the union test set every K steps of one classification run, per
+named change of the fediod settings and seed, beside the teachers' and their label-weighted ensemble's accuracy (the
+numbers that justify the classification presets' deviations from the paper). Writes ``<out>/<table>.md`` and
 ``<out>/<table>.json``; generated samples of each FedIOD run as PNG.
 """
 
@@ -674,7 +677,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     device = pick_device(args.device)
-    for name in (TABLES if args.table == "all" else [args.table]):
+    for name in ([t for t in TABLES if t != "curve"] if args.table == "all" else [args.table]):
         tic = time.perf_counter()
         log(f"table {name} (load {load_avg()})")
         result = TABLES[name](args, device)

@@ -8,7 +8,7 @@ federated protocol.
     python benchmarks/fediod_benchmark.py --table dp       [--sigmas 0,1,4,16,64]
     python benchmarks/fediod_benchmark.py --table overhead [--windows 4]
     python benchmarks/fediod_benchmark.py --table curve    [--cls-preset fediod_cls_tiny] [--sites N] [--seeds 0,1]
-                                    [--curve-every 80] [--curve-steps 400] [--site2-resnet8] [--curve-data beta=0.2+scale=0.5]
+                                    [--curve-every 80] [--curve-steps 400] [--site2-resnet8] [--curve-data beta=0.2+scale=0.5] [--curve-train epochs=20]
                                     [--variants preset,student_steps=1+replay_size=0,lambda_bn=0]
     python benchmarks/fediod_benchmark.py --table all      (every table but curve with the defaults: about 15 min on 2 CPU cores)
     add --paper for the paper's scale (ResNet-8, K=20, 32x32, 300 rounds; days on a CPU)
@@ -589,7 +589,8 @@ def table_curve(args, device) -> dict:
     data = parse_overrides(args.curve_data)
     if args.curve_sites:
         data["num_sites"] = args.curve_sites
-    cfg = get_preset(preset, {"data": data} if data else None)
+    overrides = {k: v for k, v in (("data", data), ("train", parse_overrides(args.curve_train))) if v}
+    cfg = get_preset(preset, overrides)
     sites = sites_of(int(cfg["data"]["num_sites"]))
     fcfg = FedIODConfig.from_preset(cfg)
     every, total, M = args.curve_every, args.curve_steps, fcfg.steps_per_window
@@ -597,13 +598,13 @@ def table_curve(args, device) -> dict:
         raise SystemExit(f"--curve-every ({every}) must be a multiple of the preset's steps_per_window ({M}) and divide "
                          f"--curve-steps ({total})")
     teachers = {"site-2": SITE2_RESNET8} if args.site2_resnet8 else None
-    fed = Federation(preset, {"data": data} if data else {}, sites, device, seed=args.seed, teachers=teachers)
+    fed = Federation(preset, overrides, sites, device, seed=args.seed, teachers=teachers)
     key = fed.cfg["eval"]["key_metric"]
     on_union = {s: fed.score(t)[key] for s, t in fed.teachers.items()}
     ensemble = fed.score(fed.label_ensemble())[key]
     log(f"teachers on the union test set {on_union}; label-weighted ensemble {ensemble:.3f} (teachers {fed.teacher_seconds:.0f} s)")
     columns = list(range(every, total + 1, every))
-    md = [f"Preset {preset}" + (f", data {data}" if data else "") + f"; sites {', '.join(sites)}; teachers "
+    md = [f"Preset {preset}" + "".join(f", {k} {v}" for k, v in overrides.items()) + f"; sites {', '.join(sites)}; teachers "
           + ", ".join(f"{s} {fed.teacher_specs[s]['name']}" + (f" {fed.teacher_specs[s]['args'].get('widths')}" if "widths" in
                       fed.teacher_specs[s]["args"] else "") for s in sites)
           + f" (seed {args.seed}, {fed.teacher_seconds:.0f} s); {fed.task}, {key} on the union of the sites' test splits "
@@ -620,7 +621,7 @@ def table_curve(args, device) -> dict:
             runs.setdefault(name, {})[seed] = run
             md.append(f"| {name} | {seed} | " + " | ".join(f"{v:.3f}" for v in run["curve"]) + " | " * (len(columns) - len(run["curve"]))
                       + f" | {run['seconds']:.0f} | {run['load_average']} |")
-    return {"preset": preset, "data": data, "sites": sites, "teachers": fed.teacher_specs, "teachers_on_union": on_union,
+    return {"preset": preset, "overrides": overrides, "sites": sites, "teachers": fed.teacher_specs, "teachers_on_union": on_union,
             "label_ensemble": ensemble, "steps": columns, "runs": runs, "markdown": "\n".join(md)}
 
 
@@ -654,6 +655,7 @@ def main(argv=None) -> int:
     p.add_argument("--curve-every", type=int, default=80, help="curve: score the student every K steps (a multiple of M)")
     p.add_argument("--curve-steps", type=int, default=400, help="curve: the run's steps (the cosine schedules' length)")
     p.add_argument("--curve-data", default="", help="curve: '+'-joined key=value overrides of the data section (beta=0.5+scale=0.5)")
+    p.add_argument("--curve-train", default="", help="curve: '+'-joined key=value overrides of the teachers' train section (epochs=10)")
     p.add_argument("--site2-resnet8", action="store_true", help="curve: site-2's teacher a ResNet-8 8/16/32 (the e2e test's)")
     p.add_argument("--seg-preset", default="fediod_seg")
     p.add_argument("--variants", default="preset", help="seg, segdiag: comma-separated FedIOD-seg variants: preset, paper, or "

@@ -597,6 +597,8 @@ def table_curve(args, device) -> dict:
     if every % M or total % every:
         raise SystemExit(f"--curve-every ({every}) must be a multiple of the preset's steps_per_window ({M}) and divide "
                          f"--curve-steps ({total})")
+    for name in args.variants:  # a mistyped key fails here, not after the teachers' training
+        FedIODConfig.from_preset(get_preset(preset, {**overrides, "fediod": parse_overrides(name)}))
     teachers = {"site-2": SITE2_RESNET8} if args.site2_resnet8 else None
     fed = Federation(preset, overrides, sites, device, seed=args.seed, teachers=teachers)
     key = fed.cfg["eval"]["key_metric"]

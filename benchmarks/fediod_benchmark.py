@@ -621,6 +621,7 @@ def table_curve(args, device) -> dict:
                               label=f"{name} seed {seed}", curve_split="test")
             run["load_average"] = load_avg()
             runs.setdefault(name, {})[seed] = run
+            log(f"curve {name} seed {seed}: " + " / ".join(f"{v:.3f}" for v in run["curve"]) + f" at {columns[:len(run['curve'])]} steps")
             md.append(f"| {name} | {seed} | " + " | ".join(f"{v:.3f}" for v in run["curve"]) + " | " * (len(columns) - len(run["curve"]))
                       + f" | {run['seconds']:.0f} | {run['load_average']} |")
     return {"preset": preset, "overrides": overrides, "sites": sites, "teachers": fed.teacher_specs, "teachers_on_union": on_union,

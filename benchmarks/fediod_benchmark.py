@@ -312,7 +312,8 @@ def fmt(x: float, pct: bool = True) -> str:
 
 
 def table_cls(args, device) -> dict:
-    rows, md = {}, ["| Method | Model-agnostic | Prerequisite | " + " | ".join(f"Dir({b})" for b in args.betas) + " |", "|---|---|---|" + "---|" * len(args.betas)]
+    rows, md = {}, ["| Method | Model-agnostic | Prerequisite | Runs in | " + " | ".join(f"Dir({b})" for b in args.betas) + " |",
+                    "|---|---|---|---|" + "---|" * len(args.betas)]
     preset = args.cls_preset
     for beta in args.betas:
         ov = {"data": {"beta": beta, "num_sites": args.sites}}
@@ -327,8 +328,12 @@ def table_cls(args, device) -> dict:
         if name == "standalone":
             return f"{fmt(r['mean'])} +- {fmt(r['std'])}"
         return fmt((r["test"] if name == "fediod" else r)["accuracy"])
+    # which cells are FLARE jobs and which run the same code in one process (issue 32: the table says which is which)
+    runs_in = {"standalone": "one process (each site's teacher)", "fedavg": "FLARE simulator (jobs/fedavg)",
+               "central": "one process (medflare baseline --mode central)",
+               "fediod": "one process (LocalFederation: the job's site and server code)"}
     for name, agnostic, pre in (("standalone", "-", "-"), ("fedavg", "no", "-"), ("central", "-", "all data in one place"), ("fediod", "yes", "none")):
-        md.append(f"| {name} | {agnostic} | {pre} | " + " | ".join(cell(b, name) for b in args.betas) + " |")
+        md.append(f"| {name} | {agnostic} | {pre} | {runs_in[name]} | " + " | ".join(cell(b, name) for b in args.betas) + " |")
     return {"rows": rows, "markdown": "\n".join(md)}
 
 

@@ -32,6 +32,11 @@ from medflare import ConfigError, DataError, MedflareError
 from medflare.fedst.conditioning import DomainModulation, check_domain_vectors, domain_vectors, encode_labels
 from medflare.fedst.config import DiffusionConfig
 
+#: name prefix of the domain modulation's parameters in a :class:`StyleGenerator`'s state (FedST-join)
+DOMAIN_PREFIX = "modulation."
+ALL, DOMAIN = "all", "domain"
+
+
 def exchange_steps(cfg: DiffusionConfig) -> list[int]:
     """FedST-join: the local steps of each generator exchange in one round -- ``steps_per_round`` split into chunks
     of ``sync_steps`` (the last one shorter), or one exchange of all of them when ``sync_steps`` is 0."""
@@ -39,6 +44,45 @@ def exchange_steps(cfg: DiffusionConfig) -> list[int]:
     if sync == 0 or sync >= steps:
         return [steps]
     return [sync] * (steps // sync) + ([steps % sync] if steps % sync else [])
+
+
+def exchange_plan(cfg: DiffusionConfig) -> list[tuple[int, str, str]]:
+    """FedST-join: ``(local steps, what goes down, what comes back up)`` for each generator exchange of a round, the
+    parts being "all" (the whole generator) or "domain" (only its ``modulation.*`` entries).
+
+    ``sync_layers`` "all": every exchange moves the whole generator both ways. "domain": the round's first exchange
+    downloads the whole generator, its last uploads the whole diff, every other transfer is the domain modulation only;
+    between them the site keeps its own shared layers (so the whole-generator diff of the last exchange covers the
+    round's local steps on the shared layers). A round of one exchange moves the whole generator both ways.
+    """
+    steps = exchange_steps(cfg)
+    if cfg.sync_layers == ALL:
+        return [(n, ALL, ALL) for n in steps]
+    last = len(steps) - 1
+    return [(n, ALL if i == 0 else DOMAIN, ALL if i == last else DOMAIN) for i, n in enumerate(steps)]
+
+
+def is_domain_entry(name: str) -> bool:
+    """Whether a generator state entry belongs to the domain modulation (what ``sync_layers`` "domain" syncs)."""
+    return name.startswith(DOMAIN_PREFIX)
+
+
+def select_entries(state: Mapping[str, Any], part: str) -> dict[str, Any]:
+    """The entries of a generator state that ``part`` ("all" | "domain") moves."""
+    if part not in (ALL, DOMAIN):
+        raise ValueError(f"unknown generator part {part!r} (known: {ALL!r}, {DOMAIN!r})")
+    return dict(state) if part == ALL else {k: v for k, v in state.items() if is_domain_entry(k)}
+
+
+def proximal_anchor(generator: nn.Module) -> dict[str, torch.Tensor]:
+    """A detached copy of the shared (non-domain) parameters: the w_global of ``diffusion.prox_mu``'s term."""
+    return {n: p.detach().clone() for n, p in generator.named_parameters() if not is_domain_entry(n)}
+
+
+def proximal_term(generator: nn.Module, anchor: Mapping[str, torch.Tensor], mu: float) -> torch.Tensor:
+    """FedProx's ``mu / 2 * ||w - w_global||^2`` over the shared parameters named in ``anchor``."""
+    params = dict(generator.named_parameters())
+    return 0.5 * mu * sum(((params[n] - a) ** 2).sum() for n, a in anchor.items())
 
 
 # ---- the network ---------------------------------------------------------------------------------
@@ -148,8 +192,8 @@ def generator_optimizer(generator: StyleGenerator, cfg: DiffusionConfig) -> torc
     (benchmarks/RESULTS_fedst.md): the rate alone does not make the federated generator separate the styles (10x and
     50x did not, with 40 local steps per average); averaging every few local steps (``sync_steps``) does, at either rate.
     """
-    domain = [p for name, p in generator.named_parameters() if name.startswith("modulation.")]
-    shared = [p for name, p in generator.named_parameters() if not name.startswith("modulation.")]
+    domain = [p for name, p in generator.named_parameters() if is_domain_entry(name)]
+    shared = [p for name, p in generator.named_parameters() if not is_domain_entry(name)]
     groups = [{"params": shared, "lr": cfg.lr}] + ([{"params": domain, "lr": cfg.domain_lr}] if domain else [])
     return torch.optim.Adam(groups)
 
@@ -254,12 +298,18 @@ def train_generator(
     device: torch.device | str = "cpu",
     seed: int = 0,
     should_stop: Callable[[], bool] | None = None,
+    prox_mu: float = 0.0,
+    anchor: Mapping[str, torch.Tensor] | None = None,
 ) -> list[float]:
-    """``steps`` Adam steps of L_simple on batches ``{"image" (B,C,H,W) in [0,1], "label" (B,1,H,W)}``; per-step losses.
+    """``steps`` Adam steps of L_simple on batches ``{"image" (B,C,H,W) in [0,1], "label" (B,1,H,W)}``; per-step losses
+    (L_simple alone, without the proximal term).
 
-    ``domain_index`` (FedST-join) conditions every image on that one-hot domain. A non-finite loss raises
-    MedflareError (lower ``diffusion.lr``).
+    ``domain_index`` (FedST-join) conditions every image on that one-hot domain. ``prox_mu`` > 0 adds
+    :func:`proximal_term` towards ``anchor`` (default: the shared parameters at the start of the call). A non-finite
+    loss raises MedflareError (lower ``diffusion.lr``).
     """
+    if prox_mu > 0 and anchor is None:
+        anchor = proximal_anchor(generator)
     generator.train()
     rng = torch.Generator().manual_seed(seed)
     losses: list[float] = []
@@ -276,7 +326,7 @@ def train_generator(
         value = simple_loss(generator, scheduler, images.to(device), cond.to(device), noise.to(device), timesteps.to(device), domain, loss)
         if not torch.isfinite(value):
             raise MedflareError(f"the generator's loss became {value.item()} at step {step}; lower diffusion.lr")
-        value.backward()
+        (value + proximal_term(generator, anchor, prox_mu) if prox_mu > 0 else value).backward()
         optimizer.step()
         losses.append(float(value.detach()))
     return losses

@@ -18,8 +18,9 @@ from medflare.fedst import protocol as P
 from medflare.fedst.conditioning import check_domain_vectors, domain_vectors, encode_labels, participation_mean
 from medflare.fedst.controller import FedSTJoinController, FedSTSeparateController
 from medflare.fedst.config import DiffusionConfig
-from medflare.fedst.diffusion import (build_style_generator, cycle, exchange_plan, exchange_steps, generator_args,
-                                      generator_optimizer, is_domain_entry, proximal_anchor, proximal_term, sample_images,
+from medflare.fedst.diffusion import (build_style_generator, cycle, exchange_plan, exchange_steps, frozen_copy, generator_args,
+                                      generator_optimizer, is_domain_entry, other_domain_term, proximal_anchor, proximal_term,
+                                      sample_images,
                                       sampling_scheduler, select_entries, simple_loss, train_generator, training_scheduler)
 from medflare.fedst.losses import CrossDomainTerm, segmentation_loss
 from medflare.fedst.persistor import fedst_description, fedst_generator_args
@@ -255,6 +256,28 @@ def test_proximal_term_pulls_the_shared_layers_and_leaves_the_domain_module_free
         return sum(float(((params[n].detach() - a) ** 2).sum()) for n, a in start.items())
 
     assert drift(100.0) < 0.5 * drift(0.0)
+
+
+def test_keeping_the_other_domains_keeps_their_predictions_and_lets_the_own_domain_move():
+    cfg = DiffusionConfig.from_dict({"generator": TINY, "lr": 1e-2, "domain_lr": 1e-2})
+    sched = training_scheduler(cfg)
+    lab = _labels(4)
+    images, cond = torch.rand(4, 1, 8, 8) * 2 - 1, encode_labels(lab, 3)
+    noise, t = torch.randn(4, 1, 8, 8), torch.tensor([10, 200, 500, 900])
+    gen = _generator(num_domains=2)
+    assert other_domain_term(gen, frozen_copy(gen), sched, images, cond, noise, t, domain_vectors(0, 2, 4)).item() == 0.0
+
+    def moved(weight):
+        """How far 30 steps at domain 1 move the generator's prediction for domain 0 and for domain 1 itself."""
+        gen = _generator(num_domains=2)
+        ref = frozen_copy(gen)
+        data = [{"image": (images[i] + 1) / 2, "label": lab[i]} for i in range(4)]
+        train_generator(gen, sched, generator_optimizer(gen, cfg), cycle(lambda e: make_loader(data, 2, False)), 30,
+                        domain_index=1, keep_other_domains=weight)
+        return [other_domain_term(gen, ref, sched, images, cond, noise, t, domain_vectors(d, 2, 4)).item() for d in (0, 1)]
+
+    free, kept = moved(0.0), moved(100.0)
+    assert kept[0] < 0.5 * free[0] and kept[1] > kept[0], (free, kept)
 
 
 def _join_controller(overrides, sites=("site-1", "site-2")):

@@ -89,6 +89,11 @@ class DiffusionConfig(Section):
             modulation (:func:`medflare.fedst.comm.join_generator_bytes`). Default "all".
         prox_mu: FedST-join: mu of a FedProx-style proximal term ``mu / 2 ||w - w_global||^2`` on the shared (non-domain)
             layers during a site's local generator steps, w_global the shared layers last received; 0 = none. Default 0.
+        keep_other_domains: FedST-join: weight of a term that keeps, during a site's local generator steps, the
+            generator's prediction for another domain (one drawn per step, on the same noisy image and label map) at
+            that of the generator last received (:func:`medflare.fedst.diffusion.other_domain_term`): the shared
+            layers cannot move the other sites' styles, so the site's own style has to go into its domain column.
+            0 = none. Default 0.
         warmup_rounds: FedST-join: rounds in which only the generator is trained (FedAvg), before segmentation. Default 2.
         num_synthetic: label maps of a site turned into synthetic images per refresh (0 = all training cases). Default 0.
         sample_batch: images denoised together when sampling. Default 32.
@@ -112,6 +117,7 @@ class DiffusionConfig(Section):
     sync_steps: int = setting(5, Int(0))
     sync_layers: str = setting("all", OneOf(SYNC_LAYERS))
     prox_mu: float = setting(0.0, NON_NEGATIVE)
+    keep_other_domains: float = setting(0.0, NON_NEGATIVE)
     warmup_rounds: int = setting(2, Int(0))
     num_synthetic: int = setting(0, Int(0))
     sample_batch: int = setting(32, Int(1))

@@ -17,6 +17,7 @@ from its preset.
 
 from __future__ import annotations
 
+import copy
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -198,6 +199,25 @@ def generator_optimizer(generator: StyleGenerator, cfg: DiffusionConfig) -> torc
     return torch.optim.Adam(groups)
 
 
+def frozen_copy(generator: nn.Module) -> nn.Module:
+    """A detached, frozen copy of a generator (the reference of :func:`other_domain_term`)."""
+    ref = copy.deepcopy(generator).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def other_domain_term(generator: StyleGenerator, reference: nn.Module, scheduler: Scheduler, images: torch.Tensor,
+                      condition: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor, domain: torch.Tensor) -> torch.Tensor:
+    """Mean squared difference between the generator's and ``reference``'s predictions for ``domain`` (another site's
+    one-hot vectors) on the same noisy images and label maps: a site's local steps keep what the generator draws for
+    the other domains, so its own style goes into its own domain column."""
+    noisy = torch.cat([scheduler.add_noise(original_samples=images, noise=noise, timesteps=timesteps), condition], dim=1)
+    with torch.no_grad():
+        target = reference(noisy, timesteps=timesteps, domain=domain)
+    return F.mse_loss(generator(noisy, timesteps=timesteps, domain=domain), target)
+
+
 # ---- schedulers ----------------------------------------------------------------------------------
 def _schedule(cfg: DiffusionConfig) -> dict[str, Any]:
     return {"num_train_timesteps": cfg.train_timesteps, "schedule": cfg.beta_schedule, "beta_start": cfg.beta_start,
@@ -300,16 +320,26 @@ def train_generator(
     should_stop: Callable[[], bool] | None = None,
     prox_mu: float = 0.0,
     anchor: Mapping[str, torch.Tensor] | None = None,
+    keep_other_domains: float = 0.0,
+    reference: nn.Module | None = None,
 ) -> list[float]:
     """``steps`` Adam steps of L_simple on batches ``{"image" (B,C,H,W) in [0,1], "label" (B,1,H,W)}``; per-step losses
     (L_simple alone, without the proximal term).
 
     ``domain_index`` (FedST-join) conditions every image on that one-hot domain. ``prox_mu`` > 0 adds
-    :func:`proximal_term` towards ``anchor`` (default: the shared parameters at the start of the call). A non-finite
-    loss raises MedflareError (lower ``diffusion.lr``).
+    :func:`proximal_term` towards ``anchor`` (default: the shared parameters at the start of the call).
+    ``keep_other_domains`` > 0 (FedST-join) adds that weight times :func:`other_domain_term`: the generator's prediction
+    for another domain (one drawn per step) on the same noisy input is kept at ``reference``'s (default: a frozen copy
+    of the generator at the start of the call, i.e. the global generator received), so the site's style has to go
+    into its own domain column instead of the shared layers. A non-finite loss raises MedflareError (lower
+    ``diffusion.lr``).
     """
     if prox_mu > 0 and anchor is None:
         anchor = proximal_anchor(generator)
+    others = [j for j in range(generator.num_domains) if j != domain_index] if domain_index is not None else []
+    keep = keep_other_domains > 0 and bool(others)
+    if keep and reference is None:
+        reference = frozen_copy(generator)
     generator.train()
     rng = torch.Generator().manual_seed(seed)
     losses: list[float] = []
@@ -326,7 +356,13 @@ def train_generator(
         value = simple_loss(generator, scheduler, images.to(device), cond.to(device), noise.to(device), timesteps.to(device), domain, loss)
         if not torch.isfinite(value):
             raise MedflareError(f"the generator's loss became {value.item()} at step {step}; lower diffusion.lr")
-        (value + proximal_term(generator, anchor, prox_mu) if prox_mu > 0 else value).backward()
+        total = value + proximal_term(generator, anchor, prox_mu) if prox_mu > 0 else value
+        if keep:
+            other = others[int(torch.randint(len(others), (1,), generator=rng))]
+            total = total + keep_other_domains * other_domain_term(
+                generator, reference, scheduler, images.to(device), cond.to(device), noise.to(device), timesteps.to(device),
+                domain_vectors(other, generator.num_domains, images.shape[0]).to(device))
+        total.backward()
         optimizer.step()
         losses.append(float(value.detach()))
     return losses

@@ -42,9 +42,9 @@ from medflare.data.util import stable_seed
 from medflare.fedst import protocol as P
 from medflare.fedst.cache import JOIN_KEY, SiteStyleCache
 from medflare.fedst.config import DiffusionConfig
-from medflare.fedst.diffusion import (ALL, build_style_generator, cycle, generator_args, generator_optimizer, is_domain_entry,
-                                      proximal_anchor, sample_images, sampling_scheduler, select_entries, train_generator,
-                                      training_scheduler)
+from medflare.fedst.diffusion import (ALL, build_style_generator, cycle, frozen_copy, generator_args, generator_optimizer,
+                                      is_domain_entry, proximal_anchor, sample_images, sampling_scheduler, select_entries,
+                                      train_generator, training_scheduler)
 from medflare.fedst.losses import CrossDomainTerm
 from medflare.fedst.visual import synthetic_panel
 from medflare.metrics import overlay_image
@@ -121,6 +121,7 @@ class GeneratorTrainingExecutor(FedSTSiteExecutor):
         self.steps_done = 0
         self.base: dict | None = None  # FedST-join: what this site last received of each generator entry
         self.anchor: dict | None = None  # FedST-join: the shared layers last received (diffusion.prox_mu)
+        self.reference = None  # FedST-join: a frozen copy of the whole generator last received (diffusion.keep_other_domains)
 
     def _build(self, num_domains: int) -> None:
         if self.generator is not None and self.generator.num_domains == num_domains:
@@ -145,6 +146,7 @@ class GeneratorTrainingExecutor(FedSTSiteExecutor):
             return {**self.base, **received}
         load_numpy_state(self.generator, received, who="server (join generator)")
         self.anchor = proximal_anchor(self.generator) if self.diffusion.prox_mu > 0 else None
+        self.reference = frozen_copy(self.generator) if self.diffusion.keep_other_domains > 0 else None
         return dict(received)
 
     def train(self, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
@@ -169,6 +171,7 @@ class GeneratorTrainingExecutor(FedSTSiteExecutor):
             self.generator, self.scheduler, self.optimizer, batches, steps, domain_index=sites.index(self.site) if join else None,
             loss=self.diffusion.loss, device=self.torch_device, seed=stable_seed("fedst-noise", self.seed, self.site, rnd, exchange),
             should_stop=lambda: abort_signal.triggered, prox_mu=self.diffusion.prox_mu if join else 0.0, anchor=self.anchor if join else None,
+            keep_other_domains=self.diffusion.keep_other_domains if join else 0.0, reference=self.reference if join else None,
         )
         seconds = time.perf_counter() - tic
         every = max(1, self.curve_every)

@@ -81,7 +81,8 @@ class DiffusionConfig(Section):
             layers, which the server averages back to the mean style; with few local steps per exchange the federated
             generator learns both styles and switches with the domain vector as a centrally trained one does
             (measured, benchmarks/RESULTS_fedst.md; the paper's Fig. 9d also finds that longer communication intervals
-            hurt). Costs 2 G per site and exchange. Default 5.
+            hurt). Costs 2 G per site and exchange. Default 5; the ``fedst`` and ``fedst_tiny`` presets set 0 with
+            ``keep_other_domains`` 5 instead (one exchange per round that still follows style, issue 32).
         sync_layers: FedST-join: what an exchange within a round averages. "all": the whole generator every exchange
             (2 G per site and exchange). "domain": only the domain modulation (``modulation.*``, 1-3 % of G) every
             ``sync_steps`` steps, the whole generator once per round (the round's first exchange downloads all of it,

@@ -325,7 +325,10 @@ class FedSTJoinController(FedSTController):
     The round's ``diffusion.steps_per_round`` steps are split into exchanges of ``diffusion.sync_steps`` local steps,
     each one ``train_generator`` task and one averaging (:func:`~medflare.fedst.diffusion.exchange_steps`; 0 = one
     exchange per round, the paper's schedule): with many local steps under its constant domain vector a site's style
-    goes into the shared layers and the average draws the mean style for every vector. The first
+    goes into the shared layers and the average draws the mean style for every vector, unless the sites' local steps
+    keep the other domains' predictions (``diffusion.keep_other_domains``, the presets' choice: one exchange per round).
+    With ``diffusion.sync_layers`` "domain" the exchanges inside a round move only the domain modulation
+    (:func:`~medflare.fedst.diffusion.exchange_plan`). The first
     ``diffusion.warmup_rounds`` rounds train only the generator; the ``num_rounds`` segmentation rounds follow.
     Sites draw cross-domain images by switching the domain vector; they redraw them every ``fedst.refresh_every``
     segmentation rounds (0 = draw once).

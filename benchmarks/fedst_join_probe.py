@@ -2,6 +2,7 @@
 
     python benchmarks/fedst_join_probe.py --mode fed --local-steps 10 --steps 240 [--preset fedst_tiny]
         [--sites site-1,site-2] [--lr 2e-3] [--domain-lr 2e-2] [--maps 24] [--seed 0] [--out FILE.jsonl]
+        [--full-every 40 --sync-layers domain] [--prox-mu 1] [--keep-other-domains 1]
 
 One process, no FLARE, the package's own modules (``medflare.fedst.diffusion`` / ``conditioning``): the generator of the
 preset (``diffusion`` section) is trained on two sites' training images, each with its own one-hot domain vector, for
@@ -12,6 +13,12 @@ preset (``diffusion`` section) is trained on two sites' training images, each wi
              its own Adam (kept between rounds, never shared, as the site's GeneratorTrainingExecutor does) and returns
              its weight diff; the server adds ``participation_mean`` of the diffs (equal weights), as
              FedSTJoinController does. K = 1 is FedAvg's closest match to central training.
+             Cheaper routes (issue 32): ``--sync-layers domain --full-every F`` averages only the domain modulation
+             every K steps and the whole generator every F steps (``diffusion.sync_layers``; R = steps / (2 F)),
+             ``--prox-mu`` adds FedProx's proximal term on the shared layers (``diffusion.prox_mu``), and
+             ``--keep-other-domains W`` keeps the generator's predictions for the other domain at those of the generator
+             last received (weight W; :func:`medflare.fedst.diffusion.other_domain_term`). The generator bytes one site
+             sent and received are printed (``bytes_per_site``).
 
 Then it draws images from ``--maps`` training label maps of each site with each domain vector and prints the mean
 intensity of the drawn images in every label class, next to the real images' means. Style transfer succeeds
@@ -32,14 +39,15 @@ import time
 import numpy as np
 import torch
 
-from medflare.common.payload import load_numpy_state, state_to_numpy, weight_diff
+from medflare.common.payload import load_numpy_state, nbytes, state_to_numpy, weight_diff
 from medflare.common.training import make_loader
 from medflare.data import load_site
 from medflare.data.util import stable_seed
 from medflare.fedst.conditioning import participation_mean
 from medflare.fedst.config import DiffusionConfig
-from medflare.fedst.diffusion import (build_style_generator, cycle, generator_args, generator_optimizer,
-                                      sample_images, sampling_scheduler, train_generator, training_scheduler)
+from medflare.fedst.diffusion import (ALL, build_style_generator, cycle, exchange_plan, generator_args, generator_nbytes,
+                                      frozen_copy, generator_optimizer, proximal_anchor, sample_images, sampling_scheduler, select_entries,
+                                      train_generator, training_scheduler)
 from medflare.presets import get_preset
 
 
@@ -82,24 +90,46 @@ def train(args, cfg, datas, sites, num_classes, in_channels) -> tuple[torch.nn.M
     glob = build_style_generator(gen_args)
     local = {s: copy.deepcopy(glob) for s in sites}
     optim = {s: generator_optimizer(local[s], diff) for s in sites}
-    rounds = max(1, args.steps // (len(sites) * args.local_steps))
+    plan = exchange_plan(diff)  # steps_per_round = --full-every, sync_steps = --local-steps (see main)
+    rounds = max(1, args.steps // (len(sites) * diff.steps_per_round))
+    base = {s: state_to_numpy(glob) for s in sites}  # what each site last received, entry by entry
+    anchor: dict = {}
+    reference: dict = {}
+    args.bytes_per_site = 0
     for rnd in range(rounds):
-        sent = state_to_numpy(glob)
-        diffs = []
-        for k, s in enumerate(sites):
-            load_numpy_state(local[s], sent)
-            losses += train_generator(local[s], scheduler, optim[s], batches[s], args.local_steps, domain_index=k,
-                                      loss=diff.loss, seed=args.seed * 100003 + rnd * 97 + k)
-            diffs.append(weight_diff(state_to_numpy(local[s]), sent))
-        mean = participation_mean(diffs, [1.0] * len(sites))
-        load_numpy_state(glob, {name: sent[name] + mean[name] for name in sent})
+        for ex, (steps, down, up) in enumerate(plan):
+            sent = select_entries(state_to_numpy(glob), down)
+            diffs = []
+            for k, s in enumerate(sites):
+                base[s].update(sent)
+                load_numpy_state(local[s], {**state_to_numpy(local[s]), **sent})
+                if down == ALL:
+                    anchor[s] = proximal_anchor(local[s])
+                    reference[s] = frozen_copy(local[s]) if args.keep_other_domains > 0 else None
+                losses += train_generator(local[s], scheduler, optim[s], batches[s], steps, domain_index=k, loss=diff.loss,
+                                          seed=args.seed * 100003 + (rnd * len(plan) + ex) * 97 + k,
+                                          prox_mu=diff.prox_mu, anchor=anchor[s],
+                                          keep_other_domains=args.keep_other_domains, reference=reference[s])
+                diffs.append(weight_diff(select_entries(state_to_numpy(local[s]), up), base[s]))
+            mean = participation_mean(diffs, [1.0] * len(sites))
+            now = state_to_numpy(glob)
+            load_numpy_state(glob, {**now, **{name: now[name] + mean[name] for name in mean}})
+            args.bytes_per_site += nbytes(sent) + nbytes(diffs[0])
     return glob, losses
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=["central", "fed"], default="fed")
-    p.add_argument("--local-steps", type=int, default=10, help="K: local generator steps per site and round (fed)")
+    p.add_argument("--local-steps", type=int, default=10, help="K: local generator steps per site and exchange (fed)")
+    p.add_argument("--full-every", type=int, default=None,
+                   help="local steps per site between two averagings of the whole generator (fed; default K)")
+    p.add_argument("--sync-layers", choices=["all", "domain"], default="all",
+                   help="what an exchange within a round averages: the whole generator, or the domain modulation only "
+                        "(then the whole generator every --full-every steps); diffusion.sync_layers")
+    p.add_argument("--prox-mu", type=float, default=0.0, help="diffusion.prox_mu: proximal term on the shared layers (fed)")
+    p.add_argument("--keep-other-domains", type=float, default=0.0,
+                   help="weight of the term that keeps the other domains' predictions at the received generator's (fed)")
     p.add_argument("--steps", type=int, default=240, help="generator steps in all (both sites together)")
     p.add_argument("--preset", default="fedst_tiny")
     p.add_argument("--sites", default="site-1,site-2")
@@ -110,8 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="append one JSON line per run here")
     args = p.parse_args(argv)
 
+    full_every = args.full_every or args.local_steps
     cfg = get_preset(args.preset, {"diffusion": {**({"lr": args.lr} if args.lr else {}),
-                                                 **({"domain_lr": args.domain_lr} if args.domain_lr else {})}})
+                                                 **({"domain_lr": args.domain_lr} if args.domain_lr else {}),
+                                                 "steps_per_round": full_every, "sync_steps": args.local_steps,
+                                                 "sync_layers": args.sync_layers, "prox_mu": args.prox_mu}})
     sites = args.sites.split(",")
     datas = {s: load_site(s, cfg["data"]) for s in sites}
     first = datas[sites[0]]
@@ -131,15 +164,22 @@ def main(argv: list[str] | None = None) -> int:
         for s in sites:
             images = sample_images(generator, sampler, maps[s], domain_index=k, seed=args.seed)
             drawn[f"{style}<-{s}"] = class_means(images, maps[s], num_classes)
-    row = {"mode": args.mode, "local_steps": args.local_steps if args.mode == "fed" else None,
-           "rounds": args.steps // (len(sites) * args.local_steps) if args.mode == "fed" else None,
+    fed = args.mode == "fed"
+    row = {"mode": args.mode, "local_steps": args.local_steps if fed else None,
+           "full_every": full_every if fed else None, "sync_layers": args.sync_layers if fed else None,
+           "prox_mu": args.prox_mu if fed else None, "keep_other_domains": args.keep_other_domains if fed else None,
+           "rounds": args.steps // (len(sites) * full_every) if fed else None,
+           "generator_bytes": generator_nbytes(generator),
+           "bytes_per_site": getattr(args, "bytes_per_site", 0) if fed else None,
            "steps": args.steps, "lr": cfg["diffusion"]["lr"], "domain_lr": cfg["diffusion"]["domain_lr"],
            "preset": args.preset, "seed": args.seed, "real": real, "drawn": drawn, "separated": separated(drawn, real, sites),
            "loss_first10": float(np.mean(losses[:10])), "loss_last10": float(np.mean(losses[-10:])),
            "train_s": round(train_s, 1), "load_avg": [round(x, 2) for x in os.getloadavg()]}
     fmt = lambda v: " / ".join(f"{x:.3f}" for x in v)  # noqa: E731
-    print(f"{args.mode} K={row['local_steps']} R={row['rounds']} steps={args.steps} lr={row['lr']} domain_lr={row['domain_lr']} "
-          f"train {train_s:.0f}s load {row['load_avg']} L {row['loss_first10']:.3f}->{row['loss_last10']:.3f}")
+    print(f"{args.mode} K={row['local_steps']} full_every={row['full_every']} sync_layers={row['sync_layers']} "
+          f"prox_mu={row['prox_mu']} keep_other_domains={row['keep_other_domains']} R={row['rounds']} steps={args.steps} lr={row['lr']} domain_lr={row['domain_lr']} "
+          f"train {train_s:.0f}s load {row['load_avg']} L {row['loss_first10']:.3f}->{row['loss_last10']:.3f} "
+          f"generator bytes per site {row['bytes_per_site']} (G = {row['generator_bytes']})")
     for s in sites:
         print(f"  real {s}: {fmt(real[s])}")
     for key, value in drawn.items():

@@ -498,14 +498,18 @@ def _fedst(base: str, overrides: Mapping, diffusion: Mapping, rounds: int) -> di
 
 # Laptop default: 64x64 sites, a 4-level generator (8..32 channels, 0.26M parameters), rectified flow with 20 Euler
 # steps (on these sites it draws images a segmentation model reads as well as real ones in 10-20 steps, where DDIM
-# with the same training budget does not; benchmarks/RESULTS_fedst.md). FedST-join averages its generator every 5 local
-# steps (sync_steps; with 40-80 local steps per average it draws the mean of the sites' styles for every domain vector).
+# with the same training budget does not; benchmarks/RESULTS_fedst.md). FedST-join averages its generator once per
+# round (sync_steps 0) and keeps, in a site's local steps, the other domains' predictions at the received generator's
+# (keep_other_domains 5): without that term, 40-80 local steps per average draw the mean of the sites' styles for every
+# domain vector; with it, one average per round of 80 steps separates them (issue 32: 16x fewer generator bytes than the
+# sync_steps 5 it replaces, which averaged every 5 local steps).
 PRESETS["fedst"] = _fedst(
     "seg_synthetic", {"train": {"epochs": 2, "batch_size": 8, "lr": 3e-3}},
     {"generator": {"channels": [8, 16, 32, 32], "num_res_blocks": 1, "attention_levels": [False, False, False, False],
                    "norm_num_groups": 8, "num_head_channels": 8},
      "scheduler": "rflow", "prediction": "epsilon", "train_timesteps": 1000, "sampler": "ddim", "sample_steps": 20,
-     "lr": 2e-3, "domain_lr": 2e-2, "batch_size": 8, "warmup_steps": 800, "steps_per_round": 100, "sync_steps": 5, "warmup_rounds": 3,
+     "lr": 2e-3, "domain_lr": 2e-2, "batch_size": 8, "warmup_steps": 800, "steps_per_round": 100, "sync_steps": 0, "keep_other_domains": 5.0,
+     "warmup_rounds": 3,
      "num_synthetic": 0, "sample_batch": 32},
     rounds=8,
 )
@@ -516,7 +520,8 @@ PRESETS["fedst_tiny"] = _fedst(
     {"generator": {"channels": [8, 16, 16], "num_res_blocks": 1, "attention_levels": [False, False, False],
                    "norm_num_groups": 4, "num_head_channels": 4},
      "scheduler": "rflow", "prediction": "epsilon", "train_timesteps": 1000, "sampler": "ddim", "sample_steps": 10,
-     "lr": 2e-3, "domain_lr": 2e-2, "batch_size": 8, "warmup_steps": 160, "steps_per_round": 80, "sync_steps": 5, "warmup_rounds": 2,
+     "lr": 2e-3, "domain_lr": 2e-2, "batch_size": 8, "warmup_steps": 160, "steps_per_round": 80, "sync_steps": 0, "keep_other_domains": 5.0,
+     "warmup_rounds": 2,
      "num_synthetic": 0, "sample_batch": 32},
     rounds=3,
 )

@@ -16,10 +16,12 @@ from medflare.common.training import make_loader, make_loss, make_optimizer, tra
 from medflare.fedst import comm
 from medflare.fedst import protocol as P
 from medflare.fedst.conditioning import check_domain_vectors, domain_vectors, encode_labels, participation_mean
-from medflare.fedst.controller import FedSTSeparateController
+from medflare.fedst.controller import FedSTJoinController, FedSTSeparateController
 from medflare.fedst.config import DiffusionConfig
-from medflare.fedst.diffusion import (build_style_generator, cycle, exchange_steps, generator_args, generator_optimizer,
-                                      sample_images, sampling_scheduler, simple_loss, train_generator, training_scheduler)
+from medflare.fedst.diffusion import (build_style_generator, cycle, exchange_plan, exchange_steps, frozen_copy, generator_args,
+                                      generator_optimizer, is_domain_entry, other_domain_term, proximal_anchor, proximal_term,
+                                      sample_images,
+                                      sampling_scheduler, select_entries, simple_loss, train_generator, training_scheduler)
 from medflare.fedst.losses import CrossDomainTerm, segmentation_loss
 from medflare.fedst.persistor import fedst_description, fedst_generator_args
 from medflare.fedst.persistor import save_result
@@ -209,6 +211,113 @@ def test_sync_steps_split_a_round_into_exchanges():
     assert exchange_steps(DiffusionConfig.from_dict({"steps_per_round": 3, "sync_steps": 5})) == [3]
     with pytest.raises(ConfigError, match="'diffusion.sync_steps'"):
         DiffusionConfig.from_dict({"sync_steps": -1})
+
+
+def test_sync_layers_domain_moves_the_whole_generator_once_per_round():
+    cfg = {"steps_per_round": 12, "sync_steps": 5}
+    assert exchange_plan(DiffusionConfig.from_dict(cfg)) == [(5, "all", "all"), (5, "all", "all"), (2, "all", "all")]
+    assert exchange_plan(DiffusionConfig.from_dict({**cfg, "sync_layers": "domain"})) == [
+        (5, "all", "domain"), (5, "domain", "domain"), (2, "domain", "all")]
+    assert exchange_plan(DiffusionConfig.from_dict({**cfg, "sync_steps": 0, "sync_layers": "domain"})) == [(12, "all", "all")]
+    with pytest.raises(ConfigError, match="'diffusion.sync_layers'"):
+        DiffusionConfig.from_dict({"sync_layers": "shared"})
+
+
+def test_the_domain_part_is_the_modulation_that_takes_the_domain_vector():
+    gen = _generator(num_domains=3)
+    state = state_to_numpy(gen)
+    domain = select_entries(state, "domain")
+    assert domain and set(domain) == {k for k in state if k.startswith("modulation.")} and select_entries(state, "all") == state
+    # exactly the parameters whose gradient depends on the domain vector's entries: a Linear from the one-hot vector
+    assert all(state[k].shape[-1] == 3 for k in domain if k.endswith(".weight"))
+    assert payload_bytes(domain) < 0.05 * payload_bytes(state)
+    assert not any(is_domain_entry(k) for k in state_to_numpy(_generator(num_domains=0)))
+
+
+def test_proximal_term_pulls_the_shared_layers_and_leaves_the_domain_module_free():
+    gen = _generator(num_domains=2, perturb=False)
+    anchor = proximal_anchor(gen)
+    assert anchor and not any(is_domain_entry(k) for k in anchor)
+    assert proximal_term(gen, anchor, 10.0).item() == 0.0
+    with torch.no_grad():
+        for name, p in gen.named_parameters():
+            p.add_(1.0 if not is_domain_entry(name) else 5.0)
+    shared = sum(p.numel() for n, p in gen.named_parameters() if not is_domain_entry(n))
+    assert proximal_term(gen, anchor, 2.0).item() == pytest.approx(shared, rel=1e-5)  # 2 / 2 * 1^2 per shared entry
+
+    def drift(mu):
+        gen = _generator(num_domains=2)
+        start = proximal_anchor(gen)
+        cfg = DiffusionConfig.from_dict({"generator": TINY, "lr": 1e-2})
+        data = [{"image": torch.rand(1, 8, 8), "label": _labels(1)[0]} for _ in range(4)]
+        train_generator(gen, training_scheduler(cfg), generator_optimizer(gen, cfg), cycle(lambda e: make_loader(data, 2, False)),
+                        20, domain_index=1, prox_mu=mu)
+        params = dict(gen.named_parameters())
+        return sum(float(((params[n].detach() - a) ** 2).sum()) for n, a in start.items())
+
+    assert drift(100.0) < 0.5 * drift(0.0)
+
+
+def test_keeping_the_other_domains_keeps_their_predictions_and_lets_the_own_domain_move():
+    cfg = DiffusionConfig.from_dict({"generator": TINY, "lr": 1e-2, "domain_lr": 1e-2})
+    sched = training_scheduler(cfg)
+    lab = _labels(4)
+    images, cond = torch.rand(4, 1, 8, 8) * 2 - 1, encode_labels(lab, 3)
+    noise, t = torch.randn(4, 1, 8, 8), torch.tensor([10, 200, 500, 900])
+    gen = _generator(num_domains=2)
+    assert other_domain_term(gen, frozen_copy(gen), sched, images, cond, noise, t, domain_vectors(0, 2, 4)).item() == 0.0
+
+    def moved(weight):
+        """How far 30 steps at domain 1 move the generator's prediction for domain 0 and for domain 1 itself."""
+        gen = _generator(num_domains=2)
+        ref = frozen_copy(gen)
+        data = [{"image": (images[i] + 1) / 2, "label": lab[i]} for i in range(4)]
+        train_generator(gen, sched, generator_optimizer(gen, cfg), cycle(lambda e: make_loader(data, 2, False)), 30,
+                        domain_index=1, keep_other_domains=weight)
+        return [other_domain_term(gen, ref, sched, images, cond, noise, t, domain_vectors(d, 2, 4)).item() for d in (0, 1)]
+
+    free, kept = moved(0.0), moved(100.0)
+    assert kept[0] < 0.5 * free[0] and kept[1] > kept[0], (free, kept)
+
+
+def _join_controller(overrides, sites=("site-1", "site-2")):
+    ctrl = FedSTJoinController(num_rounds=3, preset="fedst_tiny", overrides=overrides)
+    ctrl.site_names = list(sites)
+    ctrl.parts = {P.SEG: {"w": np.zeros(3, np.float32)}, P.GEN: state_to_numpy(_generator(num_domains=len(sites)))}
+    return ctrl
+
+
+@pytest.mark.parametrize("sync_layers", ["all", "domain"])
+def test_join_bytes_predicted_match_what_each_exchange_moves(sync_layers):
+    ctrl = _join_controller({"diffusion": {"sync_layers": sync_layers}})
+    gen = ctrl.parts[P.GEN]
+    G, D = payload_bytes(gen), payload_bytes(select_entries(gen, "domain"))
+    per_round = sum(payload_bytes(flatten({P.GEN: select_entries(gen, down)})) + payload_bytes(flatten({P.GEN: select_entries(gen, up)}))
+                    for _, down, up in ctrl.plan)
+    assert ctrl.predicted_generator_bytes() == len(ctrl.site_names) * ctrl.rounds_in_job * per_round
+    E = len(ctrl.plan)
+    assert per_round == (2 * E * G if sync_layers == "all" else 2 * G + 2 * (E - 1) * D)
+    assert ctrl.cost_terms()["domain_only_exchanges"] == (0 if sync_layers == "all" else ctrl.rounds_in_job * (E - 1))
+
+
+def test_a_domain_exchange_averages_only_the_domain_modulation():
+    ctrl = _join_controller({"diffusion": {"sync_layers": "domain"}})
+    before = {k: v.copy() for k, v in ctrl.parts[P.GEN].items()}
+    domain = select_entries(before, "domain")
+    diffs = [{k: np.ones_like(v) * (i + 1) for k, v in domain.items()} for i in range(2)]
+    results = {s: FLModel(params=flatten({P.GEN: d})) for s, d in zip(ctrl.site_names, diffs)}
+    after = ctrl._combine_generator(results, "domain")
+    assert all(np.allclose(after[k], before[k] + 1.5) for k in domain)
+    assert all(np.array_equal(after[k], before[k]) for k in before if k not in domain)
+    with pytest.raises(Exception, match="asked for the 'all' part"):
+        ctrl._combine_generator(results, "all")
+
+
+def test_join_generator_bytes_counts_domain_only_exchanges():
+    assert comm.join_generator_bytes(2, 5, 1000) == 2 * 2 * 5 * 1000
+    assert comm.join_generator_bytes(2, 5, 1000, partial=75, domain_bytes=10) == 2 * 2 * (5 * 1000 + 75 * 10)
+    with pytest.raises(ConfigError):
+        comm.join_generator_bytes(2, 5, 1000, partial=-1, domain_bytes=10)
 
 
 # ---- Eq. 3 ----------------------------------------------------------------------------------------

@@ -17,9 +17,12 @@ receives gradient only at site k. :func:`participation_mean` averages every entr
 that column keeps site k's whole update instead of n_k / n of it per round. That alone does not make the federated
 generator switch style: a site trains under one constant domain vector, so over many local steps its style also goes
 into the shared layers, which the average takes back to the mean style (measured: with 40-80 local steps per average
-the joint generator draws the mean of two inverted styles for either vector). The join job therefore averages every
-``diffusion.sync_steps`` (5) local steps (a deviation from the paper's once per round; see
-:func:`medflare.fedst.diffusion.exchange_steps` and benchmarks/RESULTS_fedst.md).
+the joint generator draws the mean of two inverted styles for either vector). Two remedies, both measured to separate
+the styles (benchmarks/RESULTS_fedst.md): averaging every ``diffusion.sync_steps`` (e.g. 5) local steps
+(:func:`medflare.fedst.diffusion.exchange_steps`; costly in bytes), or -- the presets' default since issue 32 -- one
+average per round with ``diffusion.keep_other_domains``, a term that keeps the generator's predictions for the other
+domains at the received generator's during local steps (:func:`medflare.fedst.diffusion.other_domain_term`), so the
+site's style can only go into its own column. Both deviate from the paper's plain local training.
 
 An all-zero domain vector names no site: the modulation would then be the mapping's bias alone, a
 "style" no site has. :func:`check_domain_vectors` refuses it (ValueError naming the row), as well as

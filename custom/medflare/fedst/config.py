@@ -16,6 +16,9 @@ SAMPLERS = ("ddim", "ddpm")
 PREDICTIONS = ("epsilon", "v_prediction", "sample")
 LOSSES = ("mse", "l1")
 GENERATOR_WEIGHTS = ("equal", "cases")
+#: ``diffusion.sync_layers``: what FedST-join averages every ``sync_steps`` local steps ("all": the whole generator;
+#: "domain": only the domain modulation, the whole generator once per round)
+SYNC_LAYERS = ("all", "domain")
 #: ``fedst.refresh_every`` when a preset leaves it null: FedST-separate uploads once (the paper), FedST-join redraws
 #: its synthetic images every 2 rounds
 REFRESH_EVERY = {"separate": 0, "join": 2}
@@ -78,7 +81,20 @@ class DiffusionConfig(Section):
             layers, which the server averages back to the mean style; with few local steps per exchange the federated
             generator learns both styles and switches with the domain vector as a centrally trained one does
             (measured, benchmarks/RESULTS_fedst.md; the paper's Fig. 9d also finds that longer communication intervals
-            hurt). Costs 2 G per site and exchange. Default 5.
+            hurt). Costs 2 G per site and exchange. Default 5; the ``fedst`` and ``fedst_tiny`` presets set 0 with
+            ``keep_other_domains`` 5 instead (one exchange per round that still follows style, issue 32).
+        sync_layers: FedST-join: what an exchange within a round averages. "all": the whole generator every exchange
+            (2 G per site and exchange). "domain": only the domain modulation (``modulation.*``, 1-3 % of G) every
+            ``sync_steps`` steps, the whole generator once per round (the round's first exchange downloads all of it,
+            its last uploads all of it): 2 G + 2 (E - 1) D per site and round for E exchanges and D bytes of the domain
+            modulation (:func:`medflare.fedst.comm.join_generator_bytes`). Default "all".
+        prox_mu: FedST-join: mu of a FedProx-style proximal term ``mu / 2 ||w - w_global||^2`` on the shared (non-domain)
+            layers during a site's local generator steps, w_global the shared layers last received; 0 = none. Default 0.
+        keep_other_domains: FedST-join: weight of a term that keeps, during a site's local generator steps, the
+            generator's prediction for another domain (one drawn per step, on the same noisy image and label map) at
+            that of the generator last received (:func:`medflare.fedst.diffusion.other_domain_term`): the shared
+            layers cannot move the other sites' styles, so the site's own style has to go into its domain column.
+            0 = none. Default 0.
         warmup_rounds: FedST-join: rounds in which only the generator is trained (FedAvg), before segmentation. Default 2.
         num_synthetic: label maps of a site turned into synthetic images per refresh (0 = all training cases). Default 0.
         sample_batch: images denoised together when sampling. Default 32.
@@ -100,6 +116,9 @@ class DiffusionConfig(Section):
     warmup_steps: int = setting(400, Int(0))
     steps_per_round: int = setting(100, Int(0))
     sync_steps: int = setting(5, Int(0))
+    sync_layers: str = setting("all", OneOf(SYNC_LAYERS))
+    prox_mu: float = setting(0.0, NON_NEGATIVE)
+    keep_other_domains: float = setting(0.0, NON_NEGATIVE)
     warmup_rounds: int = setting(2, Int(0))
     num_synthetic: int = setting(0, Int(0))
     sample_batch: int = setting(32, Int(1))

@@ -36,7 +36,7 @@ from medflare.fedst import comm
 from medflare.fedst import protocol as P
 from medflare.fedst.conditioning import participation_mean
 from medflare.fedst.config import DiffusionConfig, FedSTConfig
-from medflare.fedst.diffusion import exchange_steps
+from medflare.fedst.diffusion import ALL, DOMAIN, exchange_plan, select_entries
 from medflare.fedst.persistor import META_CLASSES, META_METRICS, META_ROUND, META_SITES, META_SIZE, META_VERSIONS
 from medflare.presets import get_preset
 
@@ -97,7 +97,7 @@ class FedSTController(SiteRounds):
         self.lam = self.fedst.cds_lambda
         self.refresh_every = self.fedst.refresh(self.variant)
         self.diffusion = DiffusionConfig.from_preset(cfg)
-        self.exchanges = exchange_steps(self.diffusion)  # FedST-join: local steps of each generator exchange in a round
+        self.plan = exchange_plan(self.diffusion)  # FedST-join: (local steps, part down, part up) of each exchange in a round
         self.key_metric = cfg["eval"]["key_metric"]
         if not persistor_id:
             raise ConfigError(f"{name}: 'persistor_id' must name the job's FedSTPersistor (it saves the style store / generator)")
@@ -325,7 +325,10 @@ class FedSTJoinController(FedSTController):
     The round's ``diffusion.steps_per_round`` steps are split into exchanges of ``diffusion.sync_steps`` local steps,
     each one ``train_generator`` task and one averaging (:func:`~medflare.fedst.diffusion.exchange_steps`; 0 = one
     exchange per round, the paper's schedule): with many local steps under its constant domain vector a site's style
-    goes into the shared layers and the average draws the mean style for every vector. The first
+    goes into the shared layers and the average draws the mean style for every vector, unless the sites' local steps
+    keep the other domains' predictions (``diffusion.keep_other_domains``, the presets' choice: one exchange per round).
+    With ``diffusion.sync_layers`` "domain" the exchanges inside a round move only the domain modulation
+    (:func:`~medflare.fedst.diffusion.exchange_plan`). The first
     ``diffusion.warmup_rounds`` rounds train only the generator; the ``num_rounds`` segmentation rounds follow.
     Sites draw cross-domain images by switching the domain vector; they redraw them every ``fedst.refresh_every``
     segmentation rounds (0 = draw once).
@@ -353,18 +356,21 @@ class FedSTJoinController(FedSTController):
                   f"refresh every {self.refresh_every or 'never'}")
         for rnd in range(self.rounds_in_job):
             self.start_round(rnd, self.rounds_in_job)
-            for exchange, steps in enumerate(self.exchanges):
-                payloads = {s: FLModel(params_type=ParamsType.FULL, params=flatten({P.GEN: self.parts[P.GEN]}), current_round=rnd,
-                                       meta=self._meta(**{P.STEPS: steps, P.EXCHANGE: exchange, P.EXCHANGES: len(self.exchanges)}))
+            for exchange, (steps, down, up) in enumerate(self.plan):
+                sent = flatten({P.GEN: select_entries(self.parts[P.GEN], down)})
+                payloads = {s: FLModel(params_type=ParamsType.FULL, params=sent, current_round=rnd,
+                                       meta=self._meta(**{P.STEPS: steps, P.EXCHANGE: exchange, P.EXCHANGES: len(self.plan),
+                                                          P.UPLOAD: up}))
                             for s in self.site_names}
                 results = self._send(self.generator_task, payloads, rnd, "generator")
                 if not results:
                     return
                 for site, res in results.items():
                     self._note_site(site, res)
-                self.parts[P.GEN] = self._combine_generator(results)
+                self.parts[P.GEN] = self._combine_generator(results, up)
             losses = {s: generator_summary(r).get("loss_mean") for s, r in results.items()}
-            self.info(f"round {rnd}: join generator averaged over {sorted(results)} {len(self.exchanges)} time(s); "
+            self.info(f"round {rnd}: join generator averaged over {sorted(results)} {len(self.plan)} time(s) "
+                      f"({self.diffusion.sync_layers} layers); "
                       f"mean L_simple per site in the last exchange {losses}")
             if rnd < warmup:
                 self.save_model(self._model(self.metrics, rnd + 1))
@@ -376,11 +382,18 @@ class FedSTJoinController(FedSTController):
         self._finish(self.rounds_in_job)
         self.info(f"FedST-join finished: generator and segmentation model in {self.get_app_dir()}")
 
-    def _combine_generator(self, results: Mapping[str, FLModel]) -> dict[str, np.ndarray]:
+    def _combine_generator(self, results: Mapping[str, FLModel], part: str = ALL) -> dict[str, np.ndarray]:
+        """The global generator plus the per-entry mean of the sites' diffs of ``part`` ("all" | "domain": the other
+        entries stay as they are)."""
         order = [s for s in self.site_names if s in results]
         weights = self._weights(results, order) if self.fedst.generator_weights == "cases" else [1.0] * len(order)
-        mean = participation_mean([unflatten(results[s].params)[P.GEN] for s in order], weights)
-        return apply_diff(self.parts[P.GEN], mean)
+        diffs = [unflatten(results[s].params).get(P.GEN, {}) for s in order]
+        want = select_entries(self.parts[P.GEN], part)
+        for site, diff in zip(order, diffs):
+            if set(diff) != set(want):
+                raise PayloadError(f"site '{site}' sent a generator diff of {len(diff)} entries where the exchange asked for "
+                                   f"the {part!r} part ({len(want)} entries)")
+        return {**self.parts[P.GEN], **apply_diff(want, participation_mean(diffs, weights))}
 
     def generator_size(self) -> int:
         return nbytes(self.parts[P.GEN])
@@ -388,12 +401,25 @@ class FedSTJoinController(FedSTController):
     @property
     def exchanges_in_job(self) -> int:
         """Generator exchanges (download + diff upload per site) in the whole job: ``diffusion.sync_steps`` splits a round."""
-        return self.rounds_in_job * len(self.exchanges)
+        return self.rounds_in_job * len(self.plan)
+
+    @property
+    def partial_exchanges_in_job(self) -> int:
+        """Of :attr:`exchanges_in_job`, those that move only the domain modulation (``diffusion.sync_layers`` "domain":
+        all but one per round; the round's first and last exchanges together move the whole generator once each way)."""
+        return self.rounds_in_job * (len(self.plan) - 1) if self.diffusion.sync_layers == DOMAIN else 0
+
+    def domain_size(self) -> int:
+        return nbytes(select_entries(self.parts[P.GEN], DOMAIN))
 
     def predicted_generator_bytes(self) -> int:
-        return comm.join_generator_bytes(len(self.site_names), self.exchanges_in_job, self.generator_size())
+        partial = self.partial_exchanges_in_job
+        return comm.join_generator_bytes(len(self.site_names), self.exchanges_in_job - partial, self.generator_size(), partial,
+                                         self.domain_size())
 
     def cost_terms(self) -> dict[str, Any]:
         c, m, g = len(self.site_names), self.exchanges_in_job, self.generator_size()
-        return {"generator_rounds": self.rounds_in_job, "generator_exchanges": m, "paper_join_bytes": comm.paper_join_bytes(c, m, g),
+        return {"generator_rounds": self.rounds_in_job, "generator_exchanges": m, "sync_layers": self.diffusion.sync_layers,
+                "domain_only_exchanges": self.partial_exchanges_in_job, "domain_bytes_each": self.domain_size(),
+                "paper_join_bytes": comm.paper_join_bytes(c, m, g),
                 "separate_bytes_same_sites": comm.separate_generator_bytes(c, g), "eq4_join_cheaper": comm.eq4_join_cheaper(m, c)}

@@ -17,6 +17,7 @@ from its preset.
 
 from __future__ import annotations
 
+import copy
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -32,6 +33,11 @@ from medflare import ConfigError, DataError, MedflareError
 from medflare.fedst.conditioning import DomainModulation, check_domain_vectors, domain_vectors, encode_labels
 from medflare.fedst.config import DiffusionConfig
 
+#: name prefix of the domain modulation's parameters in a :class:`StyleGenerator`'s state (FedST-join)
+DOMAIN_PREFIX = "modulation."
+ALL, DOMAIN = "all", "domain"
+
+
 def exchange_steps(cfg: DiffusionConfig) -> list[int]:
     """FedST-join: the local steps of each generator exchange in one round -- ``steps_per_round`` split into chunks
     of ``sync_steps`` (the last one shorter), or one exchange of all of them when ``sync_steps`` is 0."""
@@ -39,6 +45,45 @@ def exchange_steps(cfg: DiffusionConfig) -> list[int]:
     if sync == 0 or sync >= steps:
         return [steps]
     return [sync] * (steps // sync) + ([steps % sync] if steps % sync else [])
+
+
+def exchange_plan(cfg: DiffusionConfig) -> list[tuple[int, str, str]]:
+    """FedST-join: ``(local steps, what goes down, what comes back up)`` for each generator exchange of a round, the
+    parts being "all" (the whole generator) or "domain" (only its ``modulation.*`` entries).
+
+    ``sync_layers`` "all": every exchange moves the whole generator both ways. "domain": the round's first exchange
+    downloads the whole generator, its last uploads the whole diff, every other transfer is the domain modulation only;
+    between them the site keeps its own shared layers (so the whole-generator diff of the last exchange covers the
+    round's local steps on the shared layers). A round of one exchange moves the whole generator both ways.
+    """
+    steps = exchange_steps(cfg)
+    if cfg.sync_layers == ALL:
+        return [(n, ALL, ALL) for n in steps]
+    last = len(steps) - 1
+    return [(n, ALL if i == 0 else DOMAIN, ALL if i == last else DOMAIN) for i, n in enumerate(steps)]
+
+
+def is_domain_entry(name: str) -> bool:
+    """Whether a generator state entry belongs to the domain modulation (what ``sync_layers`` "domain" syncs)."""
+    return name.startswith(DOMAIN_PREFIX)
+
+
+def select_entries(state: Mapping[str, Any], part: str) -> dict[str, Any]:
+    """The entries of a generator state that ``part`` ("all" | "domain") moves."""
+    if part not in (ALL, DOMAIN):
+        raise ValueError(f"unknown generator part {part!r} (known: {ALL!r}, {DOMAIN!r})")
+    return dict(state) if part == ALL else {k: v for k, v in state.items() if is_domain_entry(k)}
+
+
+def proximal_anchor(generator: nn.Module) -> dict[str, torch.Tensor]:
+    """A detached copy of the shared (non-domain) parameters: the w_global of ``diffusion.prox_mu``'s term."""
+    return {n: p.detach().clone() for n, p in generator.named_parameters() if not is_domain_entry(n)}
+
+
+def proximal_term(generator: nn.Module, anchor: Mapping[str, torch.Tensor], mu: float) -> torch.Tensor:
+    """FedProx's ``mu / 2 * ||w - w_global||^2`` over the shared parameters named in ``anchor``."""
+    params = dict(generator.named_parameters())
+    return 0.5 * mu * sum(((params[n] - a) ** 2).sum() for n, a in anchor.items())
 
 
 # ---- the network ---------------------------------------------------------------------------------
@@ -148,10 +193,29 @@ def generator_optimizer(generator: StyleGenerator, cfg: DiffusionConfig) -> torc
     (benchmarks/RESULTS_fedst.md): the rate alone does not make the federated generator separate the styles (10x and
     50x did not, with 40 local steps per average); averaging every few local steps (``sync_steps``) does, at either rate.
     """
-    domain = [p for name, p in generator.named_parameters() if name.startswith("modulation.")]
-    shared = [p for name, p in generator.named_parameters() if not name.startswith("modulation.")]
+    domain = [p for name, p in generator.named_parameters() if is_domain_entry(name)]
+    shared = [p for name, p in generator.named_parameters() if not is_domain_entry(name)]
     groups = [{"params": shared, "lr": cfg.lr}] + ([{"params": domain, "lr": cfg.domain_lr}] if domain else [])
     return torch.optim.Adam(groups)
+
+
+def frozen_copy(generator: nn.Module) -> nn.Module:
+    """A detached, frozen copy of a generator (the reference of :func:`other_domain_term`)."""
+    ref = copy.deepcopy(generator).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def other_domain_term(generator: StyleGenerator, reference: nn.Module, scheduler: Scheduler, images: torch.Tensor,
+                      condition: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor, domain: torch.Tensor) -> torch.Tensor:
+    """Mean squared difference between the generator's and ``reference``'s predictions for ``domain`` (another site's
+    one-hot vectors) on the same noisy images and label maps: a site's local steps keep what the generator draws for
+    the other domains, so its own style goes into its own domain column."""
+    noisy = torch.cat([scheduler.add_noise(original_samples=images, noise=noise, timesteps=timesteps), condition], dim=1)
+    with torch.no_grad():
+        target = reference(noisy, timesteps=timesteps, domain=domain)
+    return F.mse_loss(generator(noisy, timesteps=timesteps, domain=domain), target)
 
 
 # ---- schedulers ----------------------------------------------------------------------------------
@@ -254,12 +318,28 @@ def train_generator(
     device: torch.device | str = "cpu",
     seed: int = 0,
     should_stop: Callable[[], bool] | None = None,
+    prox_mu: float = 0.0,
+    anchor: Mapping[str, torch.Tensor] | None = None,
+    keep_other_domains: float = 0.0,
+    reference: nn.Module | None = None,
 ) -> list[float]:
-    """``steps`` Adam steps of L_simple on batches ``{"image" (B,C,H,W) in [0,1], "label" (B,1,H,W)}``; per-step losses.
+    """``steps`` Adam steps of L_simple on batches ``{"image" (B,C,H,W) in [0,1], "label" (B,1,H,W)}``; per-step losses
+    (L_simple alone, without the proximal term).
 
-    ``domain_index`` (FedST-join) conditions every image on that one-hot domain. A non-finite loss raises
-    MedflareError (lower ``diffusion.lr``).
+    ``domain_index`` (FedST-join) conditions every image on that one-hot domain. ``prox_mu`` > 0 adds
+    :func:`proximal_term` towards ``anchor`` (default: the shared parameters at the start of the call).
+    ``keep_other_domains`` > 0 (FedST-join) adds that weight times :func:`other_domain_term`: the generator's prediction
+    for another domain (one drawn per step) on the same noisy input is kept at ``reference``'s (default: a frozen copy
+    of the generator at the start of the call, i.e. the global generator received), so the site's style has to go
+    into its own domain column instead of the shared layers. A non-finite loss raises MedflareError (lower
+    ``diffusion.lr``).
     """
+    if prox_mu > 0 and anchor is None:
+        anchor = proximal_anchor(generator)
+    others = [j for j in range(generator.num_domains) if j != domain_index] if domain_index is not None else []
+    keep = keep_other_domains > 0 and bool(others)
+    if keep and reference is None:
+        reference = frozen_copy(generator)
     generator.train()
     rng = torch.Generator().manual_seed(seed)
     losses: list[float] = []
@@ -276,7 +356,13 @@ def train_generator(
         value = simple_loss(generator, scheduler, images.to(device), cond.to(device), noise.to(device), timesteps.to(device), domain, loss)
         if not torch.isfinite(value):
             raise MedflareError(f"the generator's loss became {value.item()} at step {step}; lower diffusion.lr")
-        value.backward()
+        total = value + proximal_term(generator, anchor, prox_mu) if prox_mu > 0 else value
+        if keep:
+            other = others[int(torch.randint(len(others), (1,), generator=rng))]
+            total = total + keep_other_domains * other_domain_term(
+                generator, reference, scheduler, images.to(device), cond.to(device), noise.to(device), timesteps.to(device),
+                domain_vectors(other, generator.num_domains, images.shape[0]).to(device))
+        total.backward()
         optimizer.step()
         losses.append(float(value.detach()))
     return losses

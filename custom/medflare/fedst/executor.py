@@ -42,8 +42,9 @@ from medflare.data.util import stable_seed
 from medflare.fedst import protocol as P
 from medflare.fedst.cache import JOIN_KEY, SiteStyleCache
 from medflare.fedst.config import DiffusionConfig
-from medflare.fedst.diffusion import (build_style_generator, cycle, generator_args, generator_optimizer,
-                                      sample_images, sampling_scheduler, train_generator, training_scheduler)
+from medflare.fedst.diffusion import (ALL, build_style_generator, cycle, frozen_copy, generator_args, generator_optimizer,
+                                      is_domain_entry, proximal_anchor, sample_images, sampling_scheduler, select_entries,
+                                      train_generator, training_scheduler)
 from medflare.fedst.losses import CrossDomainTerm
 from medflare.fedst.visual import synthetic_panel
 from medflare.metrics import overlay_image
@@ -118,6 +119,9 @@ class GeneratorTrainingExecutor(FedSTSiteExecutor):
         self.register_task(task_name, self.train)
         self.generator = None
         self.steps_done = 0
+        self.base: dict | None = None  # FedST-join: what this site last received of each generator entry
+        self.anchor: dict | None = None  # FedST-join: the shared layers last received (diffusion.prox_mu)
+        self.reference = None  # FedST-join: a frozen copy of the whole generator last received (diffusion.keep_other_domains)
 
     def _build(self, num_domains: int) -> None:
         if self.generator is not None and self.generator.num_domains == num_domains:
@@ -128,20 +132,37 @@ class GeneratorTrainingExecutor(FedSTSiteExecutor):
         self.optimizer = generator_optimizer(self.generator, self.diffusion)  # this site's own
         self.scheduler = training_scheduler(self.diffusion)
 
+    def _receive_generator(self, received: dict) -> dict:
+        """Load the join generator's entries the server sent: all of them (the whole generator; it becomes the anchor of
+        ``diffusion.prox_mu``'s term) or only the domain modulation's (``diffusion.sync_layers`` "domain": the site keeps
+        its own shared layers). Returns what this site last received of every entry, the base of its next diff."""
+        own = state_to_numpy(self.generator)
+        if set(received) != set(own):
+            extra = sorted(k for k in received if k not in own or not is_domain_entry(k))
+            if extra or self.base is None:
+                raise PayloadError(f"site '{self.site}': the server sent a part of the join generator that is not its domain "
+                                   f"modulation ({extra[:5]}) or before the whole generator ({len(received)} of {len(own)} entries)")
+            load_numpy_state(self.generator, {**own, **received}, who="server (join generator's domain modulation)")
+            return {**self.base, **received}
+        load_numpy_state(self.generator, received, who="server (join generator)")
+        self.anchor = proximal_anchor(self.generator) if self.diffusion.prox_mu > 0 else None
+        self.reference = frozen_copy(self.generator) if self.diffusion.keep_other_domains > 0 else None
+        return dict(received)
+
     def train(self, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
         incoming, meta, sites, rnd = _receive(shareable, self.site)
         join = meta[P.VARIANT] == "join"
         exchange = int(meta.get(P.EXCHANGE, 0))  # FedST-join: several exchanges per round get their own batches and noise
         self._build(len(sites) if join else 0)
-        sent = None
+        sent, upload = None, str(meta.get(P.UPLOAD, ALL))
         if join:
             received = unflatten(incoming.params or {}).get(P.GEN)
             if received is None:
                 raise PayloadError(f"site '{self.site}': the join task carries no generator ('{P.GEN}.' weights)")
-            load_numpy_state(self.generator, received, who="server (join generator)")
+            self.base = self._receive_generator(received)
             if exchange == int(meta.get(P.EXCHANGES, 1)) - 1:  # only the round's last one: each would overwrite the last
-                self.cache.put_generator(JOIN_KEY, received, rnd)  # the sampler draws with the latest global generator of this round
-            sent = received
+                self.cache.put_generator(JOIN_KEY, self.base, rnd)  # the sampler draws with the latest global generator of this round
+            sent = self.base
         steps = int(meta.get(P.STEPS, self.diffusion.steps_per_round))
         batch = self.diffusion.batch_size
         batches = cycle(lambda epoch: make_loader(self.data.train, batch, True, seed=stable_seed("fedst-gen", self.seed, rnd, exchange, epoch)))
@@ -149,7 +170,8 @@ class GeneratorTrainingExecutor(FedSTSiteExecutor):
         losses = train_generator(
             self.generator, self.scheduler, self.optimizer, batches, steps, domain_index=sites.index(self.site) if join else None,
             loss=self.diffusion.loss, device=self.torch_device, seed=stable_seed("fedst-noise", self.seed, self.site, rnd, exchange),
-            should_stop=lambda: abort_signal.triggered,
+            should_stop=lambda: abort_signal.triggered, prox_mu=self.diffusion.prox_mu if join else 0.0, anchor=self.anchor if join else None,
+            keep_other_domains=self.diffusion.keep_other_domains if join else 0.0, reference=self.reference if join else None,
         )
         seconds = time.perf_counter() - tic
         every = max(1, self.curve_every)
@@ -163,7 +185,7 @@ class GeneratorTrainingExecutor(FedSTSiteExecutor):
         self.log_info(fl_ctx, f"round {rnd}: generator trained {len(losses)} steps in {seconds:.1f} s, L_simple "
                               f"{summary.get('first', float('nan')):.4f} -> {summary.get('last', float('nan')):.4f}")
         params = state_to_numpy(self.generator)
-        out = flatten({P.GEN: weight_diff(params, sent) if join else params})
+        out = flatten({P.GEN: weight_diff(select_entries(params, upload), sent) if join else params})
         check_finite(out, self.site)
         self.log_bytes(fl_ctx, "train_generator", incoming, out, rnd)
         n = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: len(self.data.train)}

@@ -3,10 +3,12 @@
 Weights travel in the DXO data, where FLARE's filters and the sites' privacy scopes see them:
 
 - server -> site: FULL weights (a WEIGHTS DXO) with prefixes ``seg.`` (the global segmentation model),
-  ``gen.`` (FedST-join's global generator) or ``gen_<i>.`` (the style-store generator of site i of ``SITES``);
+  ``gen.`` (FedST-join's global generator, or only its domain modulation ``gen.modulation.*`` in the exchanges
+  ``diffusion.sync_layers`` "domain" makes partial) or ``gen_<i>.`` (the style-store generator of site i of ``SITES``);
 - site -> server (:func:`manifest`): ``train``: WEIGHT_DIFF of the segmentation model (``seg.``, part ``update``) and
   the received model's validation scores (a METRICS part); ``train_generator``: the site's generator as WEIGHTS
-  (FedST-separate, ``gen.``) or its WEIGHT_DIFF (FedST-join, ``gen.``), part ``generator``, and a STATISTICS part
+  (FedST-separate, ``gen.``) or its WEIGHT_DIFF (FedST-join, ``gen.``: the whole generator's, or the domain
+  modulation's when the task meta's :data:`UPLOAD` says "domain"), part ``generator``, and a STATISTICS part
   :data:`SUMMARY` (its label classes, image size, generator losses); ``sample`` and ``validate``: METRICS only.
   The cross-domain images a site draws stay at the site.
 
@@ -40,6 +42,7 @@ SITES = "fedst_sites"  # [site names]; a site's domain index is its position her
 STEPS = "fedst_generator_steps"  # generator steps to train in this task
 EXCHANGE = "fedst_generator_exchange"  # FedST-join: index of this generator exchange within the round (seeds batches)
 EXCHANGES = "fedst_generator_exchanges"  # FedST-join: generator exchanges in the round (the last one is cached for sampling)
+UPLOAD = "fedst_generator_upload"  # FedST-join: the generator part to send back, "all" or "domain" (diffusion.sync_layers)
 REFRESH = "fedst_refresh"  # bool: regenerate the cached synthetic images from the current generator(s)
 VERSIONS = "fedst_versions"  # {site: round its generator in the store was uploaded}
 CLASSES = "fedst_classes"  # server -> site: {site: classes its generator was trained on}
@@ -55,7 +58,8 @@ def manifest(join: bool) -> dict:
     """What a FedST site sends per task; ``join``:
     FedST-join (generator diffs every round) or -separate (the generator once). The generator's size depends on the
     number of sites (FedST-join's domain vectors), so no byte bound is computed for it here."""
-    generator = (Send(PART_GENERATOR, "WEIGHT_DIFF", "the change of the joint generator (with its domain vector)")
+    generator = (Send(PART_GENERATOR, "WEIGHT_DIFF", "the change of the joint generator (with its domain vector), or of its domain "
+                      "modulation alone (diffusion.sync_layers 'domain')")
                  if join else Send(PART_GENERATOR, "WEIGHTS", "the site's own style generator", cadence="once"))
     return declare({
         TRAIN_GENERATOR: [generator, Send(SUMMARY, "STATISTICS", "the site's label classes, image size and generator losses",

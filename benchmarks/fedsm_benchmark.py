@@ -51,10 +51,17 @@ REPO = Path(__file__).resolve().parents[1]
 GAMMA_CHOICES: dict[str, str] = {}
 
 
+#: preset overrides of every FedSM run (``--overrides``), beside each part's own FedSM settings
+OVERRIDES: dict[str, Any] = {}
+#: the jobs' seed (``--seed``; None: the job's own, 0)
+SEED: list[int | None] = [None]
+
+
 def run_fedsm(name: str, sites: list[str], rounds: int, preset: str, work: Path, lam: float = 0.7, extra_rounds: int = 0):
     """Run jobs/fedsm on ``sites``; returns (super model, validation curve, seconds, traffic of the first site)."""
+    overrides = {**OVERRIDES, "fedsm": {**OVERRIDES.get("fedsm", {}), "softpull_lambda": lam, "extra_rounds": extra_rounds}}
     run = run_job("fedsm", work / name, sites, preset=preset, timeout=7200, workflow_args={"num_rounds": rounds},
-                  overrides={"fedsm": {"softpull_lambda": lam, "extra_rounds": extra_rounds}})["run"]
+                  overrides=overrides, seed=SEED[0])["run"]
     server_log = run.workspace / "server" / "log.txt"
     chosen = re.findall(r"gamma chosen on the sites' validation cases .*", server_log.read_text()) if server_log.is_file() else []
     if chosen:
@@ -157,8 +164,13 @@ def main(argv=None) -> int:
     p.add_argument("--extra-rounds", type=int, default=10)
     p.add_argument("--held-out", default="", help="comma-separated sites for the unseen part (default: the last site)")
     p.add_argument("--baselines", default="none", help="methods to run (fedavg,fedprox,scaffold,local,central), a results.json, or none")
+    p.add_argument("--seed", type=int, default=None, help="the jobs' seed (model initialisation, data order)")
+    p.add_argument("--overrides", default="{}", help="JSON preset overrides of every FedSM run, e.g. "
+                   "'{\"train\": {\"epochs\": 1}}' (the baselines keep the preset)")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fedsm"))
     args = p.parse_args(argv)
+    OVERRIDES.update(json.loads(args.overrides))
+    SEED[0] = args.seed
     sites = [f"site-{i}" for i in range(1, args.sites + 1)]
     gammas = [float(g) for g in args.gammas.split(",")]
     parts = args.parts.split(",")

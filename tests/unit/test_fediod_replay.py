@@ -14,8 +14,8 @@ def test_bank_keeps_the_newest_pairs_up_to_its_capacity():
         bank.add(x, -x)
     assert len(bank) == 5
     assert sorted(bank.x.reshape(-1).tolist()) == [4.0, 5.0, 6.0, 7.0, 8.0]
-    xs, ts = bank.draw(50)
-    assert xs.shape == (50, 1) and torch.equal(ts, -xs)  # a draw keeps each input with its own target
+    xs, ts, ls = bank.draw(50)
+    assert xs.shape == (50, 1) and torch.equal(ts, -xs) and ls is None  # a draw keeps each input with its own target
     assert set(xs.reshape(-1).tolist()) <= {4.0, 5.0, 6.0, 7.0, 8.0}
     assert bank.x.reshape(-1).tolist() == [4.0, 5.0, 6.0, 7.0, 8.0]  # oldest first across the ring's wrap
     small = ReplayBank(2)

@@ -143,6 +143,7 @@ class Distiller:
         self.bank = ReplayBank(config.replay_size, seed=int(seed) + 1) if config.replay_size else None
         self.log = log or (lambda message: None)
         self.sites: dict[str, SiteInfo] = {}
+        self.codes: dict[str, int] = {}
         self.steps = 0
 
     # ---- set-up ------------------------------------------------------------------------------
@@ -155,6 +156,7 @@ class Distiller:
             raise PayloadError(f"sites {sorted(bad)} report label counts over {sorted(set(bad.values()))} classes, the student has "
                                f"{self.num_classes}: every teacher must predict the same classes")
         self.sites = {s: SiteInfo(torch.as_tensor(i.counts, dtype=torch.float64), int(i.size)) for s, i in infos.items()}
+        self.codes = {s: k for k, s in enumerate(sorted(self.sites))}  # styled G: the index an input drawn for site s carries
         site_weights([i.size for i in self.sites.values()])  # checks the sizes
         label_ratio(torch.stack([i.counts for i in self.sites.values()]))  # checks the counts
         held = torch.stack([i.counts for i in self.sites.values()]).sum(0)
@@ -266,10 +268,9 @@ class Distiller:
         drawn for a site not in ``sites`` this window falls back to A)."""
         if window.site is None:
             return A
-        names = sorted(self.sites)
         out = A
         for k, s in enumerate(sites):
-            mine = (window.site[m].to(A.device) == names.index(s)).view(-1, *([1] * (A.ndim - 1)))
+            mine = (window.site[m].to(A.device) == self.codes[s]).view(-1, *([1] * (A.ndim - 1)))
             out = torch.where(mine, z[k], out)
         return out
 
@@ -278,8 +279,7 @@ class Distiller:
         ``lambda_gan`` on the inputs drawn for this site and 0 on the others, ``(M, B)``."""
         if window.site is None:
             return float(self.cfg.lambda_gan * weight)
-        k = sorted(self.sites).index(site)
-        return self.cfg.lambda_gan * torch.stack([(sm == k).float() for sm in window.site]).to(self.device)
+        return self.cfg.lambda_gan * torch.stack([(sm == self.codes[site]).float() for sm in window.site]).to(self.device)
 
     def _student_steps(self, x: torch.Tensor, target: torch.Tensor, first: torch.Tensor, label: torch.Tensor | None = None) -> torch.Tensor:
         """The student's steps for one generated batch ``x`` with ensemble logits ``target`` (and, segmentation, the
@@ -294,7 +294,7 @@ class Distiller:
             self.bank.add(x, target, label)
         loss = self._student_step(first, target, label)
         for _ in range(self.cfg.student_steps - 1):
-            xs, ts, ls = (*self.bank.draw(len(x)), None)[:3] if self.bank is not None else (x, target, label)
+            xs, ts, ls = self.bank.draw(len(x)) if self.bank is not None else (x, target, label)
             self._student_step(self.S(xs), ts, ls)
         return loss
 

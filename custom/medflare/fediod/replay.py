@@ -82,16 +82,14 @@ class ReplayBank:
         self._next = int(slots[-1] + 1) % self.capacity
         self._size = min(self._size + len(x), self.capacity)
 
-    def draw(self, n: int) -> tuple[torch.Tensor, ...]:
-        """``n`` entries drawn uniformly with replacement: (inputs, targets), and their labels third when the bank
-        holds labels."""
+    def draw(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``n`` entries drawn uniformly with replacement: (inputs, targets, label maps or None when the bank holds
+        none)."""
         if self._size == 0:
             raise ValueError("the replay bank is empty")
         idx = torch.randint(self._size, (int(n),), generator=self.rng)
         slots = self._order()[idx].to(self._x.device)
-        if self._label is None:
-            return self._x[slots], self._target[slots]
-        return self._x[slots], self._target[slots], self._label[slots]
+        return self._x[slots], self._target[slots], None if self._label is None else self._label[slots]
 
 
 __all__ = ["ReplayBank"]

@@ -174,8 +174,12 @@ class LabelEnsemble(torch.nn.Module):
         self.teachers = torch.nn.ModuleList(teachers)
         self.register_buffer("ratio", label_ratio(torch.stack([torch.as_tensor(c) for c in counts])))
 
+    def combine(self, z: list[torch.Tensor]) -> torch.Tensor:
+        """The ensemble of the teachers' outputs ``z`` (one per teacher, in order)."""
+        return aggregate(z, ensemble_weights(self.ratio, None))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return aggregate([t(x) for t in self.teachers], ensemble_weights(self.ratio, None))
+        return self.combine([t(x) for t in self.teachers])
 
 
 # ---- segmentation diagnosis ----------------------------------------------------------------------
@@ -212,14 +216,13 @@ def seg_static(fed: Federation, label_source: str) -> dict[str, Any]:
     C = fed.cfg["data"]["num_classes"]
     sites = list(fed.teachers)
     matrix = {t: fed.per_site(fed.teachers[t]) for t in sites}
-    ratio = label_ratio(torch.stack([fed.infos[s].counts for s in sites]))
+    ensemble = LabelEnsemble([fed.teachers[t] for t in sites], [fed.infos[s].counts for s in sites])
     ens_label, ens_mean, real_contrast, shares = {}, {}, {}, {}
     with torch.no_grad():
         for s, d in fed.data.items():
             x, y = _stack(d.test)
             z = [fed.teachers[t](x.to(fed.device)).cpu() for t in sites]
-            w = ensemble_weights(ratio, None).expand(len(sites), len(x), C)
-            ens_label[s] = fg_dice(aggregate(z, w).argmax(1, keepdim=True), y, C)
+            ens_label[s] = fg_dice(ensemble.combine(z).argmax(1, keepdim=True), y, C)
             ens_mean[s] = fg_dice(torch.stack(z).mean(0).argmax(1, keepdim=True), y, C)
             real_contrast[s] = float(contrast(x, y).mean())
             shares[s] = [float((y == c).float().mean()) for c in range(1, C)]

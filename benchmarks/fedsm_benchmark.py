@@ -51,17 +51,14 @@ REPO = Path(__file__).resolve().parents[1]
 GAMMA_CHOICES: dict[str, str] = {}
 
 
-#: preset overrides of every FedSM run (``--overrides``), beside each part's own FedSM settings
-OVERRIDES: dict[str, Any] = {}
-#: the jobs' seed (``--seed``; None: the job's own, 0)
-SEED: list[int | None] = [None]
-
-
-def run_fedsm(name: str, sites: list[str], rounds: int, preset: str, work: Path, lam: float = 0.7, extra_rounds: int = 0):
-    """Run jobs/fedsm on ``sites``; returns (super model, validation curve, seconds, traffic of the first site)."""
-    overrides = {**OVERRIDES, "fedsm": {**OVERRIDES.get("fedsm", {}), "softpull_lambda": lam, "extra_rounds": extra_rounds}}
+def run_fedsm(name: str, sites: list[str], rounds: int, preset: str, work: Path, lam: float = 0.7, extra_rounds: int = 0,
+              overrides: dict[str, Any] | None = None, seed: int | None = None):
+    """Run jobs/fedsm on ``sites`` (preset ``overrides`` beside the part's own FedSM settings; ``seed``: the job's seed,
+    None = the job's own); returns (super model, validation curve, seconds, traffic of the first site)."""
+    overrides = overrides or {}
+    overrides = {**overrides, "fedsm": {**overrides.get("fedsm", {}), "softpull_lambda": lam, "extra_rounds": extra_rounds}}
     run = run_job("fedsm", work / name, sites, preset=preset, timeout=7200, workflow_args={"num_rounds": rounds},
-                  overrides=overrides, seed=SEED[0])["run"]
+                  overrides=overrides, seed=seed)["run"]
     server_log = run.workspace / "server" / "log.txt"
     chosen = re.findall(r"gamma chosen on the sites' validation cases .*", server_log.read_text()) if server_log.is_file() else []
     if chosen:
@@ -169,8 +166,7 @@ def main(argv=None) -> int:
                    "'{\"train\": {\"epochs\": 1}}' (the baselines keep the preset)")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fedsm"))
     args = p.parse_args(argv)
-    OVERRIDES.update(json.loads(args.overrides))
-    SEED[0] = args.seed
+    common = {"overrides": json.loads(args.overrides), "seed": args.seed}  # every FedSM run of every part
     sites = [f"site-{i}" for i in range(1, args.sites + 1)]
     gammas = [float(g) for g in args.gammas.split(",")]
     parts = args.parts.split(",")
@@ -185,7 +181,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if "fedsm" in parts:
-            sm, curve, sec, traf = run_fedsm("fedsm", sites, args.rounds, args.preset, work)
+            sm, curve, sec, traf = run_fedsm("fedsm", sites, args.rounds, args.preset, work, **common)
             sweep = super_rows(sm, sites, args.preset, sorted(set(gammas) | {DEFAULT_GAMMA}))
             results["sweeps"]["gamma"] = sweep
             results["traffic"]["fedsm"] = traf
@@ -195,7 +191,7 @@ def main(argv=None) -> int:
             rows["FedSM global model (gamma 1)"] = sweep.get("gamma 1.0", {})
             log(f"fedsm: {sec:.0f} s, super client average {rows[f'FedSM (lambda 0.7, {job_gamma})']['client_average']}")
         if "extra" in parts:
-            sm, curve, sec, traf = run_fedsm("fedsm_extra", sites, args.rounds, args.preset, work, extra_rounds=args.extra_rounds)
+            sm, curve, sec, traf = run_fedsm("fedsm_extra", sites, args.rounds, args.preset, work, extra_rounds=args.extra_rounds, **common)
             table = super_rows(sm, sites, args.preset, [DEFAULT_GAMMA, 0.0])
             results["traffic"]["fedsm_extra"] = traf
             rows[f"FedSM-extra ({args.extra_rounds} head rounds, {job_gamma})"] = {**table[job_gamma], "curve": curve, "curve_x": list(range(len(curve))), "seconds": sec}
@@ -203,13 +199,13 @@ def main(argv=None) -> int:
             log(f"fedsm-extra: {sec:.0f} s, client average {table[job_gamma]['client_average']}")
         if "lambda" in parts:
             for lam in [float(x) for x in args.lambdas.split(",")]:
-                sm, curve, sec, _ = run_fedsm(f"fedsm_lam{lam}", sites, args.rounds, args.preset, work, lam=lam)
+                sm, curve, sec, _ = run_fedsm(f"fedsm_lam{lam}", sites, args.rounds, args.preset, work, lam=lam, **common)
                 results["sweeps"].setdefault("lambda", {})[lam] = {**super_rows(sm, sites, args.preset, [DEFAULT_GAMMA])[job_gamma], "seconds": sec}
                 log(f"lambda {lam}: {sec:.0f} s, client average {results['sweeps']['lambda'][lam]['client_average']}")
         if "unseen" in parts:
             for held_out in (args.held_out.split(",") if args.held_out else [sites[-1]]):
                 train_sites = [s for s in sites if s != held_out]
-                sm, _, sec, _ = run_fedsm(f"fedsm_without_{held_out}", train_sites, args.rounds, args.preset, work)
+                sm, _, sec, _ = run_fedsm(f"fedsm_without_{held_out}", train_sites, args.rounds, args.preset, work, **common)
                 sweep = super_rows(sm, [held_out], args.preset, gammas)
                 sweep.pop("personalised (own)", None)
                 seen = super_rows(sm, train_sites, args.preset, [DEFAULT_GAMMA, 1.0])

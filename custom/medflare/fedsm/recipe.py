@@ -23,7 +23,9 @@ class FedSMRecipe(JobRecipe):
     """FedSM (Xu et al. 2022). Args: preset, overrides (FedSM's settings among them: the ``fedsm`` section,
     :class:`~medflare.fedsm.config.FedSMConfig`, e.g. ``{"fedsm": {"gamma": 0.1, "extra_rounds": 2}}``), num_rounds,
     seed, device, min_clients, and the other :class:`~medflare.fedsm.controller.FedSMController` arguments
-    (resume_round, min_responses, task_timeout) as keyword arguments.
+    (resume_round, min_responses, task_timeout) as keyword arguments. Defaults: preset ``fedsm_synthetic`` (seg_synthetic
+    with one local epoch a round) and 20 rounds, the paper's one-epoch rounds at the baselines' local steps
+    (jobs/fedsm/README.md, "Local schedule").
 
     Server components: ``persistor`` (:class:`~medflare.fedsm.persistor.SuperModelPersistor`) and
     ``model_selector``, FLARE's ``IntimeModelSelector`` on the sites' mean ``own_or_global_<key metric>``
@@ -31,9 +33,9 @@ class FedSMRecipe(JobRecipe):
 
     def __init__(
         self,
-        preset: str = "seg_synthetic",
+        preset: str = "fedsm_synthetic",
         overrides: Mapping[str, Any] | None = None,
-        num_rounds: int = 10,
+        num_rounds: int = 20,
         seed: int = 0,
         device: str = "auto",
         min_clients: int = 2,

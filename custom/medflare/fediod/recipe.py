@@ -30,12 +30,14 @@ class FedIODRecipe(JobRecipe):
 
     job_name = "fediod"
     default_preset = "fediod_cls"
+    #: rounds when the caller names none
+    default_rounds = 10
 
     def __init__(
         self,
         preset: str | None = None,
         overrides: Mapping[str, Any] | None = None,
-        num_rounds: int = 10,
+        num_rounds: int | None = None,
         seed: int = 0,
         device: str = "auto",
         min_clients: int = 2,
@@ -43,6 +45,7 @@ class FedIODRecipe(JobRecipe):
         **controller_args: Any,
     ):
         preset = preset or self.default_preset
+        num_rounds = num_rounds or self.default_rounds
         persistor = FedIODPersistor(preset=preset, overrides=overrides, seed=seed)
         super().__init__(
             self.job_name,
@@ -72,7 +75,9 @@ class FedIODRecipe(JobRecipe):
 
 class FedIODSegRecipe(FedIODRecipe):
     """FedIOD for segmentation (label-conditioned ResNet generator, conditional PatchGAN critics, UNet teachers and
-    student). Args: those of :class:`FedIODRecipe`."""
+    student). Args: those of :class:`FedIODRecipe`; 20 rounds by default (400 server steps at the ``fediod_seg`` preset:
+    client-average Dice 66.27 +- 2.27 over 3 seeds against 59.97 +- 1.55 at 10 rounds, jobs/fediod_seg/README.md)."""
 
     job_name = "fediod_seg"
     default_preset = "fediod_seg"
+    default_rounds = 20

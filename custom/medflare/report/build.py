@@ -46,7 +46,8 @@ def plan(tasks: list[str], mode: str, *, methods: list[str] | None = None, sites
         baselines = [m for m in chosen if m.name.removeprefix("cls_") in BASELINES]
         for skew in (skews or SETTINGS[mode]["skews"]) if task == "cls" else [None]:
             for seed in seeds or SETTINGS[mode]["seeds"]:
-                rows += [Row(m, tuple(names), rounds or cfg["rounds"], mode, seed, skew) for m in chosen]
+                rows += [Row(m, tuple(names), (rounds or cfg["rounds"]) * m.rounds_scale.get(mode, 1), mode, seed, skew)
+                         for m in chosen]
                 rows += [Row(b, tuple(names), rounds or cfg["rounds"], mode, seed, skew, match=ref.name)
                          for ref in refs[task] for b in baselines]
     return rows

@@ -31,7 +31,10 @@ class Method:
     ``overrides``: the row's algorithm settings (preset sections, e.g. ``{"fedsm": {"extra_rounds": 1}}``);
     ``site_steps`` / ``server_steps``: the TensorBoard tags holding the optimisation steps a round spent at each site
     and at the server (:mod:`medflare.report.compute`): ``()`` = no optimisation there, None = it trains there
-    but streams no steps; ``server_time``: the tag of the server's training seconds per round, where streamed."""
+    but streams no steps; ``server_time``: the tag of the server's training seconds per round, where streamed;
+    ``rounds_scale``: per mode, the row's rounds as a multiple of the report's (1 where absent): the job's own schedule
+    where it differs from the baselines' (FedSM's one local epoch a round, twice the rounds for the same local steps;
+    FedIOD-seg's 400 server steps)."""
 
     name: str
     label: str
@@ -48,6 +51,7 @@ class Method:
     site_steps: tuple[str, ...] | None = ("train/steps",)
     server_steps: tuple[str, ...] | None = ()
     server_time: str | None = None
+    rounds_scale: dict[str, int] = field(default_factory=dict)
 
     @property
     def standalone(self) -> bool:
@@ -55,6 +59,8 @@ class Method:
 
 
 _SEG = {"quick": "seg_synthetic_tiny", "full": "seg_synthetic"}
+#: FedSM's job preset: _SEG's sites and network with one local epoch a round (run at twice the rounds, rounds_scale)
+_FEDSM = {"quick": "seg_synthetic_tiny", "full": "fedsm_synthetic"}
 _CLS = {"quick": "cls_synthetic_tiny", "full": "cls_synthetic"}
 #: the preset whose ``data`` block every row of a task reads (an algorithm's own preset may differ in its pool size
 #: or skew, e.g. FedIOD's smaller pool for its 15-minute default job; the report overrides that, see :func:`task_data`)
@@ -71,11 +77,13 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("fedavg", "FedAvg", "seg", _SEG, "fedavg", "FL_global_model.pt", flare_clients_arg=True),
     Method("fedprox", "FedProx", "seg", _SEG, "fedprox", "FL_global_model.pt", flare_clients_arg=True),
     Method("scaffold", "SCAFFOLD", "seg", _SEG, "scaffold", "FL_global_model.pt", flare_clients_arg=True),
-    Method("fedsm", "FedSM", "seg", _SEG, "fedsm", "FedSM_super_model.pt", curve="val/own_or_global_{key}"),
-    Method("fedsm_extra", "FedSM-extra", "seg", _SEG, "fedsm", "FedSM_super_model.pt", curve="val/own_or_global_{key}",
-           overrides={"fedsm": {"extra_rounds": 1}}),
+    Method("fedsm", "FedSM", "seg", _FEDSM, "fedsm", "FedSM_super_model.pt", curve="val/own_or_global_{key}",
+           rounds_scale={"full": 2}),
+    Method("fedsm_extra", "FedSM-extra", "seg", _FEDSM, "fedsm", "FedSM_super_model.pt", curve="val/own_or_global_{key}",
+           overrides={"fedsm": {"extra_rounds": 1}}, rounds_scale={"full": 2}),
     Method("fediod_seg", "FedIOD-seg", "seg", {"quick": "fediod_seg_tiny", "full": "fediod_seg"}, "fediod_seg",
-           "FedIOD_student.pt", curve="student/val_{key}", site_steps=None, server_steps=_FEDIOD_SERVER),
+           "FedIOD_student.pt", curve="student/val_{key}", site_steps=None, server_steps=_FEDIOD_SERVER,
+           rounds_scale={"full": 2}),
     Method("fedst_separate", "FedST-separate", "seg", {"quick": "fedst_tiny", "full": "fedst"}, "fedst_separate",
            "FedST_style_store.pt"),
     Method("fedst_join", "FedST-join", "seg", {"quick": "fedst_tiny", "full": "fedst"}, "fedst_join", "FedST_join_generator.pt"),

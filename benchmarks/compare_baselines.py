@@ -62,10 +62,12 @@ def score_sites(model, sites: list[str], preset: str, split: str = "test", predi
     return table
 
 
-def run_fl(job: str, sites: list[str], rounds: int, preset: str, work: Path, overrides=None) -> dict[str, Any]:
-    """Run ``jobs/<job>`` in the simulator; returns the test table of its last global model and its curve."""
+def run_fl(job: str, sites: list[str], rounds: int, preset: str, work: Path, overrides=None,
+           seed: int | None = None) -> dict[str, Any]:
+    """Run ``jobs/<job>`` in the simulator (``seed``: the job's seed, None = the job's own); returns the test table of
+    its last global model and its curve."""
     run = run_job(job, work / job, sites, preset=preset, overrides=overrides,
-                  workflow_args={"num_rounds": rounds, "num_clients": len(sites)}, timeout=3600)["run"]
+                  workflow_args={"num_rounds": rounds, "num_clients": len(sites)}, seed=seed, timeout=3600)["run"]
     model_file = run.app_server / "FL_global_model.pt"
     if run.returncode != 0 or not model_file.is_file():
         raise RuntimeError(f"{job} failed:\n{run.log[-3000:]}")

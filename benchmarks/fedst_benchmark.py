@@ -5,7 +5,7 @@ sampler, and time per round.
     python benchmarks/fedst_benchmark.py [--preset fedst] [--rounds 8] [--parts pair,six,comm,quality]
         [--pair site-1,site-2] [--sites 6] [--methods fedavg,fedprox,scaffold,fedsm,fedst_separate,fedst_join]
         [--six-methods fedavg,fedst_separate,fedst_join] [--comm-sites 2,3,4] [--quality-steps 10,20,50]
-        [--out benchmarks/results/fedst]
+        [--seed 0] [--out benchmarks/results/fedst]
 
 The reduced run of benchmarks/RESULTS_fedst.md uses ``--preset fedst_small`` (32x32); the full one is the default
 ``--preset fedst`` (64x64, the job as shipped) or ``fedst_paper`` on a GPU.
@@ -22,7 +22,8 @@ every method uses the same preset: segmentation network, focal + Dice loss, opti
     quality  the generator alone (no FLARE): DDPM (epsilon, Eq. 2) with DDIM sampling vs rectified flow at several
              sampling steps, scored by a segmentation model trained on the real images of the generator's site
              (Dice against the label maps the images were drawn from, and against shuffled ones = chance)
-Writes table.md, results.json, comm.png and curves.png to --out.
+--seed goes to every job (the recipes' ``seed``: model initialisation, data order, generator noise and sampling) and
+to the quality part's models; the data sets stay the preset's. Writes table.md, results.json, comm.png and curves.png to --out.
 """
 
 from __future__ import annotations
@@ -61,11 +62,12 @@ TIMES = ("time/generator_train_s", "time/generator_step_s", "time/sample_s", "ti
 
 
 def run_fedst(variant: str, sites: list[str], rounds: int, preset: str, work: Path, overrides: dict | None = None,
-              tag: str = "") -> dict[str, Any]:
-    """Run jobs/fedst_<variant>; returns the test table of its segmentation model, its curve, ledger and timings."""
+              tag: str = "", seed: int | None = None) -> dict[str, Any]:
+    """Run jobs/fedst_<variant> (``seed``: the job's seed, None = the job's own); returns the test table of its
+    segmentation model, its curve, ledger and timings."""
     name = f"fedst_{variant}{tag}"
     run = run_job(f"fedst_{variant}", work / name, sites, preset=preset, overrides=overrides,
-                  workflow_args={"num_rounds": rounds}, timeout=6 * 3600)["run"]
+                  workflow_args={"num_rounds": rounds}, seed=seed, timeout=6 * 3600)["run"]
     path = run.app_server / FILE_OF[variant]
     if run.returncode != 0 or not path.is_file() or "EXECUTION_EXCEPTION" in run.log:
         raise RuntimeError(f"{name} failed:\n{run.log[-3000:]}")
@@ -80,29 +82,29 @@ def run_fedst(variant: str, sites: list[str], rounds: int, preset: str, work: Pa
             "communication": ledger["summary"], "per_site_round_bytes": ledger["per_site_round"]}
 
 
-def run_method(method: str, sites: list[str], rounds: int, preset: str, work: Path) -> dict[str, Any]:
+def run_method(method: str, sites: list[str], rounds: int, preset: str, work: Path, seed: int | None = None) -> dict[str, Any]:
     tic = time.perf_counter()
     if method in FL_JOBS:
-        row = run_fl(method, sites, rounds, preset, work)
+        row = run_fl(method, sites, rounds, preset, work, seed=seed)
     elif method == "fedsm":
-        sm, curve, seconds, _ = run_fedsm("fedsm", sites, rounds, preset, work)
+        sm, curve, seconds, _ = run_fedsm("fedsm", sites, rounds, preset, work, seed=seed)
         row = {**score_sites(None, sites, preset, predict=sm.predictor(0.9)), "curve": curve, "curve_x": list(range(len(curve))),
                "seconds": seconds}
         row.pop("choices", None)
     else:
-        row = run_fedst(method.split("_", 1)[1], sites, rounds, preset, work)
+        row = run_fedst(method.split("_", 1)[1], sites, rounds, preset, work, seed=seed)
     print(f"{method} on {sites}: client average {row['client_average']} ({time.perf_counter() - tic:.0f} s)", flush=True)
     return row
 
 
-def comm_part(site_counts: list[int], preset: str, work: Path) -> dict[str, Any]:
+def comm_part(site_counts: list[int], preset: str, work: Path, seed: int | None = None) -> dict[str, Any]:
     """Measured generator / segmentation bytes per variant and site count (minimal training, same networks)."""
     quick = {"diffusion": {"warmup_steps": 1, "steps_per_round": 1, "warmup_rounds": 1, "num_synthetic": 2}}
     out: dict[str, Any] = {}
     for k in site_counts:
         sites = [f"site-{i}" for i in range(1, k + 1)]
         for variant in ("separate", "join"):
-            row = run_fedst(variant, sites, 2, preset, work, overrides=quick, tag=f"_comm{k}")
+            row = run_fedst(variant, sites, 2, preset, work, overrides=quick, tag=f"_comm{k}", seed=seed)
             out.setdefault(variant, {})[k] = row["communication"]
             print(f"comm {variant} K={k}: {row['communication']}", flush=True)
     return out
@@ -212,6 +214,8 @@ def main(argv=None) -> int:
     p.add_argument("--comm-sites", default="2,3,4")
     p.add_argument("--quality-steps", default="10,20,50")
     p.add_argument("--quality-train-steps", type=int, default=None, help="generator steps (default: the preset's warmup_steps)")
+    p.add_argument("--seed", type=int, default=0, help="every job's seed (model initialisation, data order, "
+                   "generator noise and sampling; the jobs as shipped use 0) and the quality part's")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fedst"))
     args = p.parse_args(argv)
     rounds = args.rounds or int(get_preset(args.preset).get("fedst", {}).get("rounds", 10))
@@ -221,7 +225,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results_file = out / "results.json"
     results: dict[str, Any] = json.loads(results_file.read_text()) if results_file.is_file() else {}
-    results["setting"] = {"preset": args.preset, "rounds": rounds, "pair": pair, "sites": args.sites}
+    results["setting"] = {"preset": args.preset, "rounds": rounds, "pair": pair, "sites": args.sites, "seed": args.seed}
 
     def save():
         results_file.write_text(json.dumps(results, indent=2, default=float))
@@ -229,23 +233,24 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if "pair" in parts:
-            results["pair"] = {m: run_method(m, pair, rounds, args.preset, work) for m in args.methods.split(",")}
+            results["pair"] = {m: run_method(m, pair, rounds, args.preset, work, args.seed) for m in args.methods.split(",")}
             save()
         if "six" in parts:
             six = [f"site-{i}" for i in range(1, args.sites + 1)]
-            results["six"] = {m: run_method(m, six, rounds, args.preset, work / "six") for m in args.six_methods.split(",")}
+            results["six"] = {m: run_method(m, six, rounds, args.preset, work / "six", args.seed) for m in args.six_methods.split(",")}
             save()
         if "comm" in parts:
-            results["comm"] = comm_part([int(k) for k in args.comm_sites.split(",")], args.preset, work / "comm")
+            results["comm"] = comm_part([int(k) for k in args.comm_sites.split(",")], args.preset, work / "comm", args.seed)
             save()
     if "quality" in parts:
         steps = [int(s) for s in args.quality_steps.split(",")]
         train_steps = args.quality_train_steps or get_preset(args.preset)["diffusion"]["warmup_steps"]
-        results["quality"] = quality_part(args.preset, pair[1], pair[0], [(s, n) for s in ("ddpm", "rflow") for n in steps], train_steps)
+        results["quality"] = quality_part(args.preset, pair[1], pair[0], [(s, n) for s in ("ddpm", "rflow") for n in steps], train_steps,
+                                         seed=args.seed)
         results["quality"]["train_steps"] = train_steps
         save()
 
-    md = [f"# FedST benchmark (preset {args.preset}, {rounds} segmentation rounds)", ""]
+    md = [f"# FedST benchmark (preset {args.preset}, {rounds} segmentation rounds, seed {args.seed})", ""]
     if "pair" in results:
         md += [f"## Two sites of inverted contrast ({', '.join(pair)}): test metrics of the final model", "",
                table1(results["pair"], pair), ""]

@@ -34,32 +34,17 @@ def python_bin() -> str:
     return sys.executable
 
 
-#: folders whose tests run in one pytest-xdist worker, in collection order: the simulator tests share their background
-#: runs, the fork server and the session-wide egress audit; the POC modules each start a real federation, and their
-#: heart-beat and grace waits leave the CPU to the simulator worker. Every other test file is a unit of its own.
+#: folders whose tests run in one pytest-xdist worker, in collection order (``--dist loadgroup``): the simulator tests
+#: share their background runs, the fork server and the session-wide egress audit; the POC modules each start a real
+#: federation, and their heart-beat and grace waits leave the CPU to the simulator worker
 GROUPS = ("e2e", "poc")
 
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``last`` run after every other test of the session (the session-wide egress audit reads the
-    simulator runs the other tests made)."""
+    simulator runs the other tests made); each folder of :data:`GROUPS` is one xdist group."""
     items.sort(key=lambda item: item.get_closest_marker("last") is not None)
-
-
-def work_unit(nodeid: str) -> str:
-    """The pytest-xdist work unit of a test: its folder for :data:`GROUPS`, else its file."""
-    parts = nodeid.split("::", 1)[0].split("/")
-    return parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in GROUPS else "/".join(parts)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """With ``-n``: xdist's scope scheduling on :func:`work_unit` (its ``--dist loadgroup`` marks do not reach the
-    scheduler under pytest 9, whose node ids are no longer the attribute xdist 3.8 rewrites)."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class FolderScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return work_unit(nodeid)
-
-    return FolderScheduling(config, log)
+    for item in items:
+        folder = Path(str(item.path)).relative_to(REPO / "tests").parts[0]
+        if folder in GROUPS:
+            item.add_marker(pytest.mark.xdist_group(folder))

@@ -34,17 +34,7 @@ def python_bin() -> str:
     return sys.executable
 
 
-#: folders whose tests run in one pytest-xdist worker, in collection order (``--dist loadgroup``): the simulator tests
-#: share their background runs, the fork server and the session-wide egress audit; the POC modules each start a real
-#: federation, and their heart-beat and grace waits leave the CPU to the simulator worker
-GROUPS = ("e2e", "poc")
-
-
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``last`` run after every other test of the session (the session-wide egress audit reads the
-    simulator runs the other tests made); each folder of :data:`GROUPS` is one xdist group."""
+    simulator runs the other tests made)."""
     items.sort(key=lambda item: item.get_closest_marker("last") is not None)
-    for item in items:
-        folder = Path(str(item.path)).relative_to(REPO / "tests").parts[0]
-        if folder in GROUPS:
-            item.add_marker(pytest.mark.xdist_group(folder))

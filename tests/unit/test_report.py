@@ -20,7 +20,7 @@ from medflare.report import runner
 from medflare.report.build import plan, write
 from medflare.report.figures import bytes_axis
 from medflare.report.methods import METHODS, methods_for
-from medflare.report.tables import mark_ties, markdown, summary_row
+from medflare.report.tables import describe_setting, mark_ties, markdown, summary_row
 from medflare.report.traffic import LEDGER, TrafficMeter, meter_filters, read_ledger, summarize, summarize_egress
 from medflare.jobs.egress import describe_payload, egress_bytes, message_bytes
 
@@ -132,6 +132,14 @@ def _record(method, seed, avg, sites=("s1", "s2"), task="cls", traffic=True, egr
             "global": {"accuracy": avg}}, "curve": [avg / 2, avg], "traffic": t if traffic else None, "seconds": 10.0,
             "overhead_s": 4.0, "peak_mb": {"server": 900.0, "s1": 400.0, "s2": 450.0}, "epsilon": {"s1": 2.0} if method == "dp" else None,
             "load": [1.0, 2.0]}
+
+
+def test_the_setting_line_names_the_rows_that_ran_other_rounds():
+    runs = {"FedAvg": [_record("fedavg", 0, 0.8)], "FedSM": [{**_record("fedsm", 0, 0.8), "rounds": 4}],
+            "local": [_record("local", 0, 0.7)]}
+    line = describe_setting(runs)
+    assert line.startswith("Sites s1, s2; 2 rounds (FedSM 4: the job's own schedule)"), line
+    assert "own schedule" not in describe_setting({"FedAvg": runs["FedAvg"], "local": runs["local"]})
 
 
 def test_tables_mean_and_spread_over_seeds_and_mark_what_the_spread_cannot_separate():

@@ -138,7 +138,9 @@ def test_the_setting_line_names_the_rows_that_ran_other_rounds():
     runs = {"FedAvg": [_record("fedavg", 0, 0.8)], "FedSM": [{**_record("fedsm", 0, 0.8), "rounds": 4}],
             "local": [_record("local", 0, 0.7)]}
     line = describe_setting(runs)
-    assert line.startswith("Sites s1, s2; 2 rounds (FedSM 4: the job's own schedule)"), line
+    assert line.startswith("Sites s1, s2; 2 rounds (FEDSM 4: the job's own schedule)"), line  # the record's label
+    two_rows = describe_setting({"FedSM": runs["FedSM"] * 2, "local": runs["local"]})  # most rows at 4: still named
+    assert two_rows.startswith("Sites s1, s2; 2 rounds (FEDSM 4: the job's own schedule)"), two_rows
     assert "own schedule" not in describe_setting({"FedAvg": runs["FedAvg"], "local": runs["local"]})
 
 

@@ -15,7 +15,6 @@ consortium can pick, and local-only rows are scored on each site's own test spli
 
 from __future__ import annotations
 
-import collections
 
 import csv
 import io
@@ -191,9 +190,8 @@ def describe_setting(runs: Mapping[str, list[Mapping[str, Any]]]) -> str:
     seeds = sorted({r["seed"] for rs in runs.values() for r in rs})
     presets = sorted({r["preset"] for rs in runs.values() for r in rs})
     epochs = sorted({r["local_epochs"] for rs in runs.values() for r in rs if r.get("local_epochs") is not None})
-    rounds = collections.Counter(r["rounds"] for rs in runs.values() for r in rs)
-    common = rounds.most_common(1)[0][0]
-    other = [f"{name} {rs[0]['rounds']}" for name, rs in runs.items() if rs[0]["rounds"] != common]
+    common = min(r["rounds"] for rs in runs.values() for r in rs)  # the report's; a job's own schedule only adds rounds
+    other = [f"{rs[0].get('label', name)} {rs[0]['rounds']}" for name, rs in runs.items() if rs[0]["rounds"] != common]
     return (f"Sites {', '.join(first['sites'])}; {common} rounds" + (f" ({', '.join(other)}: the job's own schedule)" if other else "")
             + " (local/centralised: the same number of passes "
             f"over the data); local epochs per round {', '.join(map(str, epochs))}; seeds {', '.join(map(str, seeds))}; "

@@ -212,10 +212,9 @@ def other_domain_term(generator: StyleGenerator, reference: nn.Module, scheduler
     """Mean squared difference between the generator's and ``reference``'s predictions for ``domain`` (another site's
     one-hot vectors) on the same noisy images and label maps: a site's local steps keep what the generator draws for
     the other domains, so its own style goes into its own domain column."""
-    noisy = torch.cat([scheduler.add_noise(original_samples=images, noise=noise, timesteps=timesteps), condition], dim=1)
     with torch.no_grad():
-        target = reference(noisy, timesteps=timesteps, domain=domain)
-    return F.mse_loss(generator(noisy, timesteps=timesteps, domain=domain), target)
+        target = noised_prediction(reference, scheduler, images, condition, noise, timesteps, domain)
+    return F.mse_loss(noised_prediction(generator, scheduler, images, condition, noise, timesteps, domain), target)
 
 
 # ---- schedulers ----------------------------------------------------------------------------------
@@ -262,6 +261,15 @@ def training_target(scheduler: Scheduler, images: torch.Tensor, noise: torch.Ten
 
 
 # ---- Eq. 2 ---------------------------------------------------------------------------------------
+def noised_prediction(generator: Callable[..., torch.Tensor], scheduler: Scheduler, images: torch.Tensor, condition: torch.Tensor,
+                      noise: torch.Tensor, timesteps: torch.Tensor, domain: torch.Tensor | None = None) -> torch.Tensor:
+    """The generator's prediction for ``images`` noised to ``timesteps`` with ``noise``, the encoded label maps
+    ``condition`` concatenated (MONAI's ``DiffusionInferer``, mode "concat"), under ``domain`` where given."""
+    model = partial(generator, domain=domain) if domain is not None else generator
+    return DiffusionInferer(scheduler)(inputs=images, diffusion_model=model, noise=noise, timesteps=timesteps,
+                                       condition=condition, mode="concat")
+
+
 def simple_loss(
     generator: Callable[..., torch.Tensor],
     scheduler: Scheduler,
@@ -275,9 +283,7 @@ def simple_loss(
     """L_simple (Eq. 2) for one batch: images (B, C, H, W) in [-1, 1], condition (B, K, H, W) encoded labels,
     noise like images, timesteps (B,) -> scalar mean over pixels and batch (``kind`` "mse" = the squared norm of
     Eq. 2, "l1" = the reference code's). ``generator`` is called as ``generator(x, timesteps=, context=None)``."""
-    model = partial(generator, domain=domain) if domain is not None else generator
-    pred = DiffusionInferer(scheduler)(inputs=images, diffusion_model=model, noise=noise, timesteps=timesteps,
-                                       condition=condition, mode="concat")
+    pred = noised_prediction(generator, scheduler, images, condition, noise, timesteps, domain)
     target = training_target(scheduler, images, noise, timesteps)
     return F.mse_loss(pred, target) if kind == "mse" else F.l1_loss(pred, target)
 
@@ -351,16 +357,17 @@ def train_generator(
         cond = encode_labels(batch["label"], generator.num_classes, trained_classes)
         noise = torch.randn(images.shape, generator=rng)
         timesteps = draw_timesteps(scheduler, images.shape[0], rng)
+        images, cond, noise, timesteps = images.to(device), cond.to(device), noise.to(device), timesteps.to(device)
         domain = domain_vectors(domain_index, generator.num_domains, images.shape[0]).to(device) if domain_index is not None else None
         optimizer.zero_grad(set_to_none=True)
-        value = simple_loss(generator, scheduler, images.to(device), cond.to(device), noise.to(device), timesteps.to(device), domain, loss)
+        value = simple_loss(generator, scheduler, images, cond, noise, timesteps, domain, loss)
         if not torch.isfinite(value):
             raise MedflareError(f"the generator's loss became {value.item()} at step {step}; lower diffusion.lr")
         total = value + proximal_term(generator, anchor, prox_mu) if prox_mu > 0 else value
         if keep:
             other = others[int(torch.randint(len(others), (1,), generator=rng))]
             total = total + keep_other_domains * other_domain_term(
-                generator, reference, scheduler, images.to(device), cond.to(device), noise.to(device), timesteps.to(device),
+                generator, reference, scheduler, images, cond, noise, timesteps,
                 domain_vectors(other, generator.num_domains, images.shape[0]).to(device))
         total.backward()
         optimizer.step()

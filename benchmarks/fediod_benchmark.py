@@ -216,7 +216,7 @@ def seg_static(fed: Federation, label_source: str) -> dict[str, Any]:
     C = fed.cfg["data"]["num_classes"]
     sites = list(fed.teachers)
     matrix = {t: fed.per_site(fed.teachers[t]) for t in sites}
-    ensemble = LabelEnsemble([fed.teachers[t] for t in sites], [fed.infos[s].counts for s in sites])
+    ensemble = fed.label_ensemble()  # the teachers in ``sites`` order, as z below
     ens_label, ens_mean, real_contrast, shares = {}, {}, {}, {}
     with torch.no_grad():
         for s, d in fed.data.items():

@@ -45,7 +45,7 @@ class FedIODRecipe(JobRecipe):
         **controller_args: Any,
     ):
         preset = preset or self.default_preset
-        num_rounds = num_rounds or self.default_rounds
+        num_rounds = self.default_rounds if num_rounds is None else num_rounds
         persistor = FedIODPersistor(preset=preset, overrides=overrides, seed=seed)
         super().__init__(
             self.job_name,

@@ -133,6 +133,9 @@ class PocFederation:
             "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
             "MALLOC_ARENA_MAX": "2",
             "PYTHONUNBUFFERED": "1",
+            # every hospital of the federation computes on this one machine: each process takes its share of the cores
+            # (medflare.common.compute), not all of them as on a hospital's own machine (unless the caller says otherwise)
+            "MEDFLARE_PROCESSES": os.environ.get("MEDFLARE_PROCESSES") or str(n_sites),
         }
 
     # ---- participants ------------------------------------------------------------------------

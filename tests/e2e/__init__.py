@@ -18,12 +18,14 @@ class Simulations:
 
     A test module lists its runs in ``RUNS``: ``{fixture name: function(repo, folder) -> SimRun}`` (customise the job
     and call :func:`medflare.jobs.simulate.run_simulator`; ``folder`` is the run's own empty folder) and declares a
-    fixture of each name with :func:`simulation`. The first of them that a test requests starts the module's runs that
-    its selected tests use, and those of the next module with ``RUNS``: one module's runs are under way while the
-    tests of the module before read theirs. A 2-core machine idles through much of a run (FLARE starting the site
-    processes, its end-of-run waits, a small site waiting for a large one), so two runs at once take less time than
-    one after the other, and nothing a test reads depends on timing (every workflow waits for its sites, each site's
-    threads follow the simulator's ``-t``, data is generated from seeds with its own generators). A run's function
+    fixture of each name with :func:`simulation`. The first run a test requests queues every run that the selected
+    tests use, in the order the tests read them, except that the runs a module names in ``START_FIRST`` (its long
+    ones) go ahead of all others: ``workers`` of them run at a time until none is left, so a long run goes on while
+    the short ones behind it pass through the other worker, and no worker waits for a test to ask. A 2-core machine
+    idles through much of a run (FLARE starting the site processes, its end-of-run waits, a small site waiting for a
+    large one), so two runs at once take less time than one after the other, and nothing a test reads depends on
+    timing (every workflow waits for its sites, each site's threads follow the simulator's ``-t`` and the cores the
+    runs share, data is generated from seeds with its own generators). A run's function
     runs beside the tests, so it must leave process-wide state alone (os.environ, global RNGs), and the environment
     its runs start from is the session's as it was when this object was made, whatever a test has monkeypatched
     meanwhile (:data:`medflare.jobs.simulate.BASE_ENV`); ``run_simulator(env=)`` gives a run its own variables.
@@ -45,13 +47,20 @@ class Simulations:
                 modules.append(module)
         return modules
 
-    def _start(self, module) -> None:
-        used = {name for item in self._session.items if getattr(item, "module", None) is module for name in item.fixturenames}
-        for name, run in module.RUNS.items():
-            key = (module.__name__, name)
-            if name in used and key not in self._futures:
-                folder = self._tmp.mktemp(f"{module.__name__.rsplit('.', 1)[-1]}_{name}")
-                self._futures[key] = self._pool.submit(self._call, run, folder)
+    def _queue(self) -> list[tuple[object, str]]:
+        """(module, run name) of every run the selected tests use: the modules' START_FIRST runs, then the others, each
+        in the order the tests run."""
+        runs = []
+        for module in self._modules():
+            used = {name for item in self._session.items if getattr(item, "module", None) is module for name in item.fixturenames}
+            runs += [(module, name) for name in module.RUNS if name in used]
+        return sorted(runs, key=lambda mr: mr[1] not in getattr(mr[0], "START_FIRST", ()))  # stable: the order otherwise
+
+    def _start(self, module, name: str) -> None:
+        key = (module.__name__, name)
+        if key not in self._futures:
+            folder = self._tmp.mktemp(f"{module.__name__.rsplit('.', 1)[-1]}_{name}")
+            self._futures[key] = self._pool.submit(self._call, module.RUNS[name], folder)
 
     def _call(self, run, folder: Path):
         from medflare.jobs.simulate import BASE_ENV
@@ -64,10 +73,9 @@ class Simulations:
         module, key = request.module, (request.module.__name__, request.fixturename)
         with self._lock:
             if key not in self._futures:
-                modules = self._modules()
-                self._start(module)
-                if module in modules and modules.index(module) + 1 < len(modules):
-                    self._start(modules[modules.index(module) + 1])
+                for queued in self._queue():
+                    self._start(*queued)
+                self._start(module, request.fixturename)  # a run no selected test lists (a fixture used indirectly)
         return self._futures[key].result()
 
     def close(self) -> None:

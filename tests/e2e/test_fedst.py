@@ -75,6 +75,7 @@ def _join(repo, tmp):
 #: every run of the module, started in the background (tests/e2e/__init__.py)
 RUNS = {"separate_run": _separate, "real_only_run": _real_only, "join_run": _join}
 separate_run, real_only_run, join_run = simulation("separate_run"), simulation("real_only_run"), simulation("join_run")
+START_FIRST = ("join_run",)  # the longest of the three (its generator's steps keep the other domains' predictions)
 
 
 @functools.lru_cache(maxsize=None)

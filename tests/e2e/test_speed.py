@@ -23,7 +23,7 @@ def _shares(repo, tmp_path):
                         workflow_args={"num_rounds": ROUNDS, "num_clients": 2}, executor_args={"overlay_every": 10})
     site_config = {"per_site": {"site-2": {"compute": {"threads": 3}}}}
     return run_simulator(job, tmp_path / "ws", 2, timeout=600, local_files={"medflare_site.json": site_config},
-                         env={"OMP_NUM_THREADS": None, "MEDFLARE_PROCESSES": None})  # the sites apply the rule
+                         env={"OMP_NUM_THREADS": None, "MEDFLARE_PROCESSES": None, "MEDFLARE_CORES": None})  # the sites apply the rule
 
 
 RUNS = {"shares_run": _shares}  # started in the background (tests/e2e/__init__.py)

@@ -39,7 +39,8 @@ finally:
 
 def test_fedavg_recipe_runs_on_poc_env(tmp_path):
     env = {**os.environ, "HOME": str(tmp_path / "home"), "NVFLARE_POC_WORKSPACE": str(tmp_path / "poc"),
-           "MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1"}
+           "MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1",
+           "MEDFLARE_PROCESSES": "2"}  # both sites compute on this machine: each takes half the cores (provisioning/pocfed.py)
     (tmp_path / "home").mkdir()
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=840)
     out = proc.stdout + proc.stderr

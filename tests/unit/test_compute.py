@@ -10,6 +10,7 @@ import torch
 
 from medflare import ConfigError
 from medflare.common.compute import (
+    CORES_ENV,
     PROCESSES_ENV,
     apply_threads,
     available_cores,
@@ -28,6 +29,7 @@ def _sim_args(threads, n_clients=None, clients=None, gpu=None):
 def _no_thread_env(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv(PROCESSES_ENV, raising=False)
+    monkeypatch.delenv(CORES_ENV, raising=False)
 
 
 @pytest.mark.parametrize("cores", [1, 2, 3, 4, 16, 64])
@@ -109,6 +111,24 @@ def test_bad_environment_is_named(monkeypatch):
     monkeypatch.setenv(PROCESSES_ENV, "lots")
     with pytest.raises(ConfigError, match=PROCESSES_ENV):
         compute_share({}, site="site-1", cores=4)
+
+
+def test_a_cores_cap_shares_a_machine_between_runs_and_never_raises_the_count(monkeypatch):
+    """Two simulator runs side by side on 2 cores (the test suite's background runs): each says it has 1 core, so the
+    server (which otherwise takes every core) and the sites take 1 thread; a cap above the machine changes nothing."""
+    sim = _sim_args(threads=3, n_clients=3)
+    assert compute_share({}, site="server", role="server", cores=2).threads == 2
+    monkeypatch.setenv(CORES_ENV, "1")
+    server = compute_share({}, site="server", role="server", cores=2)
+    assert (server.cores, server.threads) == (1, 1) and f"${CORES_ENV}=1" in server.reason
+    assert compute_share({}, site="site-1", fl_args=sim, cores=2).threads == 1
+    monkeypatch.setenv(CORES_ENV, "8")
+    assert compute_share({}, site="server", role="server", cores=16).threads == 8
+    assert compute_share({}, site="server", role="server", cores=4).cores == 4
+    assert CORES_ENV not in compute_share({}, site="server", role="server", cores=4).reason
+    monkeypatch.setenv(CORES_ENV, "0")
+    with pytest.raises(ConfigError, match=CORES_ENV):
+        compute_share({}, site="server", role="server", cores=4)
 
 
 def test_available_cores_honours_a_container_quota(tmp_path):

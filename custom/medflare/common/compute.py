@@ -13,7 +13,9 @@ thread count once at start-up, from this rule:
 
 where
     cores     = the CPUs this process may run on: its CPU affinity, and a container's CPU quota
-                (cgroup v2 ``cpu.max``) when that is smaller;
+                (cgroup v2 ``cpu.max``) when that is smaller, and $MEDFLARE_CORES when that is smaller
+                (the cores one run may use when several share the machine: two simulator runs side by
+                side on 2 cores set it to 1 each, so that their servers do not both take 2 threads);
     processes = the medflare processes on this machine that compute at the same time:
                 the site's "compute.processes" when set; else $MEDFLARE_PROCESSES when set (e.g. a POC
                 federation, all sites on one machine); else, in the FLARE simulator, the sites it runs at
@@ -44,11 +46,13 @@ from typing import Any, Mapping
 from medflare import ConfigError
 from medflare.common.site_config import setting
 
-__all__ = ["PROCESSES_ENV", "ComputeShare", "apply_threads", "available_cores", "compute_share", "process_share",
+__all__ = ["CORES_ENV", "PROCESSES_ENV", "ComputeShare", "apply_threads", "available_cores", "compute_share", "process_share",
            "simulator_counts", "simulator_processes"]
 
 #: environment variable saying how many medflare processes compute at once on this machine
 PROCESSES_ENV = "MEDFLARE_PROCESSES"
+#: environment variable capping the cores a medflare process counts as its machine's (several runs sharing it)
+CORES_ENV = "MEDFLARE_CORES"
 _CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 
 
@@ -180,6 +184,9 @@ def compute_share(
     workers = setting(site_config, "compute", "workers", default_workers, lambda v: _positive_int(v, 0), site)
     processes = setting(site_config, "compute", "processes", None, lambda v: v is None or _positive_int(v, 1), site)
     cores = cores or available_cores()
+    cap = _env_int(CORES_ENV)
+    capped = f"; cores capped by ${CORES_ENV}={cap}" if cap is not None and cap < cores else ""
+    cores = min(cores, cap) if cap is not None else cores
     if processes is not None:
         reason = "site setting compute.processes"
     elif (env := _env_int(PROCESSES_ENV)) is not None:
@@ -188,7 +195,8 @@ def compute_share(
         processes, reason = sim, f"FLARE simulator running {sim} site{'s' if sim > 1 else ''} at once"
     else:
         processes, reason = 1, ("server: computes while the sites wait" if role == "server" else "one site per machine")
-    return process_share(cores, processes, threads=threads, workers=workers, env_threads=_env_int("OMP_NUM_THREADS"), reason=reason)
+    return process_share(cores, processes, threads=threads, workers=workers, env_threads=_env_int("OMP_NUM_THREADS"),
+                         reason=reason + capped)
 
 
 def apply_threads(share: ComputeShare) -> int:

@@ -173,7 +173,7 @@ def test_federated_gradient_equals_single_process(cls_run, teachers_dir):
     the torch threads the run's server used (float sums in another order differ in the last digits, enough to fail the
     tolerance over a window's steps)."""
     _, run = cls_run
-    threads = int(re.search(r"server compute: (\d+) torch threads", (run.server_dir / "log.txt").read_text()).group(1))
+    threads = int(re.search(r"server compute: (\d+) torch threads", (run.workspace / "server" / "log.txt").read_text()).group(1))
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

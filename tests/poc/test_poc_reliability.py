@@ -44,7 +44,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.poc, pytest.mark.timeout(1200)]
 PRESET = "seg_synthetic_tiny"
 HEART_BEAT = 30  # s of silence before the server drops a site (servers[0].heart_beat_timeout; template 120)
 GRACE = 10  # s a job waits after the dead-site report before the site counts as gone (dead_client_grace_period; FLARE 60)
-LEAD = 5  # s a task must have been out before it may end on dead sites (dead_client_check_lead_time; FLARE 30)
+# s a task must have been out before it may end on dead sites (dead_client_check_lead_time; FLARE 30): once the dead
+# site is dropped, every later round waits this long for it after the two others answered (5 s cost FedAvg's last six
+# rounds 30 s)
+LEAD = 1
 JOB_TIMEOUT = 600  # s per job on a loaded 2-core machine
 DROP_BOUND = 240  # s from a site's death to the next aggregated round (HEART_BEAT + 5 + GRACE + a round)
 # FedAvg's tiny rounds are several times faster than FedSM's: with as few rounds it once finished every round with

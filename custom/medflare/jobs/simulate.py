@@ -30,6 +30,11 @@ RUN_ENV: dict[str, str] = {"MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1"}
 #: the environment a run starts from in this context (this process's os.environ when None): a thread that starts runs
 #: beside code that changes os.environ sets its own (the test suite's background runs beside tests that monkeypatch it)
 BASE_ENV: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("medflare_simulator_env", default=None)
+#: environment variable (in :data:`RUN_ENV`) capping, in a forked run's simulator and site processes, the seconds FLARE
+#: sleeps after a process's work is done "to let pending activities finish" before its clean-up (``mpm.run``'s
+#: ``shutdown_grace_time``: 3 s in the simulator and in each site), and skipping the 2 s a site's process sleeps after
+#: that: about 5 s of every run's end, a third of a tiny test run. Unset: FLARE's own.
+SHUTDOWN_GRACE_ENV = "MEDFLARE_SIMULATOR_SHUTDOWN_GRACE"
 #: the fork server of :func:`start_fork_server`, None while every run is a fresh `nvflare simulator` process
 _FORK_SERVER: multiprocessing.context.ForkServerContext | None = None
 #: what a fork server imports once besides the jobs' server components: FLARE's simulator, torch (with the part that
@@ -248,9 +253,31 @@ def _simulate(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str
     multiprocessing.set_start_method("fork", force=True)
     _reach_fork_server(address)
     subprocess.Popen = _site_process_factory(subprocess.Popen, out, err)
+    _cap_shutdown_grace()
     from nvflare.cli import main
 
     main()
+
+
+def _shutdown_grace() -> float | None:
+    raw = os.environ.get(SHUTDOWN_GRACE_ENV, "").strip()
+    return float(raw) if raw else None
+
+
+def _cap_shutdown_grace() -> None:
+    """In this forked process: FLARE's ``mpm.run`` waits at most ``$MEDFLARE_SIMULATOR_SHUTDOWN_GRACE`` s before its
+    clean-up (see :data:`SHUTDOWN_GRACE_ENV`); nothing when it is unset."""
+    grace = _shutdown_grace()
+    if grace is None:
+        return
+    from nvflare.fuel.f3.mpm import MainProcessMonitor
+
+    run = MainProcessMonitor.run.__func__
+
+    def capped(cls, main_func, run_dir=None, shutdown_grace_time=3, cleanup_grace_time=3, **kwargs):
+        return run(cls, main_func, run_dir, min(shutdown_grace_time, grace), cleanup_grace_time, **kwargs)
+
+    MainProcessMonitor.run = classmethod(capped)
 
 
 def _reach_fork_server(address: str) -> None:
@@ -334,7 +361,18 @@ def _site_worker(argv: list[str], env: dict[str, str], out: str, err: str) -> No
     sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     multiprocessing.set_start_method("fork", force=True)  # a fresh interpreter's default on Linux
     sys.argv = [SITE_WORKER, *argv]
-    runpy.run_module(SITE_WORKER, run_name="__main__", alter_sys=True)
+    if _shutdown_grace() is None:
+        runpy.run_module(SITE_WORKER, run_name="__main__", alter_sys=True)
+        return
+    # the module's ``__main__`` block without its closing 2 s sleep, FLARE's wait capped (:data:`SHUTDOWN_GRACE_ENV`)
+    import importlib
+
+    from nvflare.fuel.f3.mpm import MainProcessMonitor
+
+    _cap_shutdown_grace()
+    worker = importlib.import_module(SITE_WORKER)
+    args = worker.parse_arguments()
+    MainProcessMonitor.run(main_func=worker.main, run_dir=args.workspace, args=args)
 
 
 def read_scalars(tb_root: str | os.PathLike) -> dict[str, dict[str, list[tuple[int, float]]]]:

@@ -184,9 +184,9 @@ def compute_share(
     workers = setting(site_config, "compute", "workers", default_workers, lambda v: _positive_int(v, 0), site)
     processes = setting(site_config, "compute", "processes", None, lambda v: v is None or _positive_int(v, 1), site)
     cores = cores or available_cores()
-    cap = _env_int(CORES_ENV)
-    capped = f"; cores capped by ${CORES_ENV}={cap}" if cap is not None and cap < cores else ""
-    cores = min(cores, cap) if cap is not None else cores
+    capped = ""
+    if (cap := _env_int(CORES_ENV)) is not None and cap < cores:
+        cores, capped = cap, f"; cores capped by ${CORES_ENV}={cap}"
     if processes is not None:
         reason = "site setting compute.processes"
     elif (env := _env_int(PROCESSES_ENV)) is not None:

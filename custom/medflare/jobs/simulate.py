@@ -260,8 +260,17 @@ def _simulate(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str
 
 
 def _shutdown_grace() -> float | None:
+    """``$MEDFLARE_SIMULATOR_SHUTDOWN_GRACE`` in seconds, None when unset; anything but a number >= 0 names the variable."""
     raw = os.environ.get(SHUTDOWN_GRACE_ENV, "").strip()
-    return float(raw) if raw else None
+    if not raw:
+        return None
+    try:
+        grace = float(raw)
+    except ValueError:
+        grace = -1.0
+    if not grace >= 0:  # also NaN
+        raise MedflareError(f"environment variable {SHUTDOWN_GRACE_ENV}={raw!r} must be a number of seconds >= 0")
+    return grace
 
 
 def _cap_shutdown_grace() -> None:

@@ -15,7 +15,6 @@ consortium can pick, and local-only rows are scored on each site's own test spli
 
 from __future__ import annotations
 
-
 import csv
 import io
 import json

@@ -1,5 +1,5 @@
-"""End-to-end tests in the FLARE simulator. Their runs start in the background ahead of the tests that read them, two at
-a time (:class:`Simulations`; fixtures in tests/e2e/conftest.py)."""
+"""End-to-end tests in the FLARE simulator. Their runs start in the background at the session's first test, two at a
+time, while the POC and unit tests run (:class:`Simulations`; the fixtures and the test order are in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -18,17 +18,18 @@ class Simulations:
 
     A test module lists its runs in ``RUNS``: ``{fixture name: function(repo, folder) -> SimRun}`` (customise the job
     and call :func:`medflare.jobs.simulate.run_simulator`; ``folder`` is the run's own empty folder) and declares a
-    fixture of each name with :func:`simulation`. The first run a test requests queues every run that the selected
-    tests use, in the order the tests read them, except that the runs a module names in ``START_FIRST`` (its long
-    ones) go ahead of all others: ``workers`` of them run at a time until none is left, so a long run goes on while
-    the short ones behind it pass through the other worker, and no worker waits for a test to ask. A 2-core machine
-    idles through much of a run (FLARE starting the site processes, its end-of-run waits, a small site waiting for a
-    large one), so two runs at once take less time than one after the other, and nothing a test reads depends on
-    timing (every workflow waits for its sites, each site's threads follow the simulator's ``-t`` and the cores the
-    runs share, data is generated from seeds with its own generators). A run's function
-    runs beside the tests, so it must leave process-wide state alone (os.environ, global RNGs), and the environment
-    its runs start from is the session's as it was when this object was made, whatever a test has monkeypatched
-    meanwhile (:data:`medflare.jobs.simulate.BASE_ENV`); ``run_simulator(env=)`` gives a run its own variables.
+    fixture of each name with :func:`simulation`. :meth:`start` (called at the session's first test, or by the first
+    run a test requests) queues every run that the selected tests use, in the order the tests read them, except that
+    the runs a module names in ``START_FIRST`` (its long ones) go ahead of all others: ``workers`` of them run at a
+    time until none is left, so a long run goes on while the short ones behind it pass through the other worker, and
+    no worker waits for a test to ask. A 2-core machine idles through much of a run (FLARE starting the site
+    processes, its end-of-run waits, a small site waiting for a large one), so two runs at once take less time than
+    one after the other, and nothing a test reads depends on timing (every workflow waits for its sites, each site's
+    threads follow the simulator's ``-t`` and the cores the runs share, data is generated from seeds with its own
+    generators). A run's function runs beside the tests, so it must leave process-wide state alone (os.environ, global
+    RNGs), and the environment its runs start from is the session's as it was when this object was made, whatever a
+    test has monkeypatched meanwhile (:data:`medflare.jobs.simulate.BASE_ENV`); ``run_simulator(env=)`` gives a run
+    its own variables.
     """
 
     def __init__(self, session: pytest.Session, tmp_path_factory: pytest.TempPathFactory, workers: int):
@@ -68,14 +69,18 @@ class Simulations:
         BASE_ENV.set(self._env)  # this worker thread's context: runs start from the session's environment
         return run(REPO, folder)
 
+    def start(self) -> None:
+        """Queue every run the selected tests use (:meth:`_queue`'s order); the runs already queued stay as they are."""
+        with self._lock:
+            for queued in self._queue():
+                self._start(*queued)
+
     def result(self, request: pytest.FixtureRequest):
         """What the run the fixture ``request`` stands for returned (a SimRun); raises what it raised."""
         module, key = request.module, (request.module.__name__, request.fixturename)
+        self.start()
         with self._lock:
-            if key not in self._futures:
-                for queued in self._queue():
-                    self._start(*queued)
-                self._start(module, request.fixturename)  # a run no selected test lists (a fixture used indirectly)
+            self._start(module, request.fixturename)  # a run no selected test lists (a fixture used indirectly)
         return self._futures[key].result()
 
     def close(self) -> None:

@@ -33,7 +33,9 @@ CLIENTS = ["site-1", "site-2", "site-3"]
 PRESET = "fediod_cls_tiny"
 RECORDER = {"id": "kinds", "path": "medflare.testing.widgets.PayloadRecorder", "args": {}}
 SECOND_TEACHER = {"name": "resnet8", "args": {"widths": [8, 16, 32]}}
-CLS_ROUNDS = 5  # 400 distillation steps of the tiny preset
+# 320 distillation steps of the tiny preset; union test accuracy of the student, teachers' best 0.538 (idle machine,
+# its classification tests alone): 0.571 after 3 rounds, 0.684 after 4, 0.691 after 5 (those tests: 142 / 164 / 232 s)
+CLS_ROUNDS = 4
 
 
 def _privacy_json(repo):
@@ -96,7 +98,7 @@ RUNS = {"cls_runs": _cls_then_budget,
         "seg_run": lambda repo, tmp: _run(repo, tmp, "seg", job="fediod_seg", preset="fediod_seg_tiny", rounds=SEG_ROUNDS),
         "seg_fedavg_run": _seg_fedavg}
 cls_runs, seg_run, seg_fedavg_run = simulation("cls_runs"), simulation("seg_run"), simulation("seg_fedavg_run")
-START_FIRST = ("cls_runs",)  # the suite's longest chain (about 4 minutes on 2 cores): queued ahead of every other run
+START_FIRST = ("cls_runs",)  # the suite's longest chain (about 3 minutes on 2 cores): queued ahead of every other run
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ SIMULATOR_SERVER = "simulator_server"  # the name the FLARE simulator gives the 
 #: every audited run of this process (e.g. a test session), for the session-wide egress audit (tests/e2e/test_egress_audit.py)
 AUDITED: list["SimRun"] = []
 #: added to the environment of every run of this process (FLARE's memory advice; a caller may add FLARE settings:
-#: ``NVFLARE_<VAR>`` sets a job config variable, e.g. the test suite's shorter end-of-run wait in tests/e2e/conftest.py)
+#: ``NVFLARE_<VAR>`` sets a job config variable, e.g. the test suite's shorter end-of-run wait in tests/conftest.py)
 RUN_ENV: dict[str, str] = {"MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1"}
 #: the environment a run starts from in this context (this process's os.environ when None): a thread that starts runs
 #: beside code that changes os.environ sets its own (the test suite's background runs beside tests that monkeypatch it)

@@ -46,7 +46,7 @@ from typing import Any, Mapping
 from medflare import ConfigError
 from medflare.common.site_config import setting
 
-__all__ = ["CORES_ENV", "PROCESSES_ENV", "ComputeShare", "apply_threads", "available_cores", "compute_share", "process_share",
+__all__ = ["CORES_ENV", "PROCESSES_ENV", "ComputeShare", "apply_threads", "available_cores", "compute_share", "env_number", "process_share",
            "simulator_counts", "simulator_processes"]
 
 #: environment variable saying how many medflare processes compute at once on this machine
@@ -153,17 +153,19 @@ def process_share(
                         f"share {share} = {base}" + (f", minus {workers} loader workers" if workers else ""))
 
 
-def _env_int(name: str) -> int | None:
+def env_number(name: str, kind: type[int] | type[float] = int, minimum: float = 1) -> int | float | None:
+    """``$name`` as a ``kind`` >= ``minimum``, None when unset or blank; anything else (NaN too) is a ConfigError naming
+    the variable, never a bare ValueError from deep in a run."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return None
     try:
-        value = int(raw)
-    except ValueError as exc:
-        raise ConfigError(f"environment variable {name}={raw!r} must be an int >= 1") from exc
-    if value < 1:
-        raise ConfigError(f"environment variable {name}={raw!r} must be an int >= 1")
-    return value
+        value = kind(raw)
+        if value >= minimum:
+            return value
+    except ValueError:
+        pass
+    raise ConfigError(f"environment variable {name}={raw!r} must be {'an int' if kind is int else 'a number'} >= {minimum}")
 
 
 def compute_share(
@@ -185,17 +187,17 @@ def compute_share(
     processes = setting(site_config, "compute", "processes", None, lambda v: v is None or _positive_int(v, 1), site)
     cores = cores or available_cores()
     capped = ""
-    if (cap := _env_int(CORES_ENV)) is not None and cap < cores:
+    if (cap := env_number(CORES_ENV)) is not None and cap < cores:
         cores, capped = cap, f"; cores capped by ${CORES_ENV}={cap}"
     if processes is not None:
         reason = "site setting compute.processes"
-    elif (env := _env_int(PROCESSES_ENV)) is not None:
+    elif (env := env_number(PROCESSES_ENV)) is not None:
         processes, reason = env, f"${PROCESSES_ENV}"
     elif role == "site" and (sim := simulator_processes(fl_args)) is not None:
         processes, reason = sim, f"FLARE simulator running {sim} site{'s' if sim > 1 else ''} at once"
     else:
         processes, reason = 1, ("server: computes while the sites wait" if role == "server" else "one site per machine")
-    return process_share(cores, processes, threads=threads, workers=workers, env_threads=_env_int("OMP_NUM_THREADS"),
+    return process_share(cores, processes, threads=threads, workers=workers, env_threads=env_number("OMP_NUM_THREADS"),
                          reason=reason + capped)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from medflare import MedflareError
+from medflare.common.compute import env_number
 
 
 SIMULATOR_SERVER = "simulator_server"  # the name the FLARE simulator gives the server (its tb_events folder)
@@ -261,16 +262,7 @@ def _simulate(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str
 
 def _shutdown_grace() -> float | None:
     """``$MEDFLARE_SIMULATOR_SHUTDOWN_GRACE`` in seconds, None when unset; anything but a number >= 0 names the variable."""
-    raw = os.environ.get(SHUTDOWN_GRACE_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        grace = float(raw)
-    except ValueError:
-        grace = -1.0
-    if not grace >= 0:  # also NaN
-        raise MedflareError(f"environment variable {SHUTDOWN_GRACE_ENV}={raw!r} must be a number of seconds >= 0")
-    return grace
+    return env_number(SHUTDOWN_GRACE_ENV, float, 0)
 
 
 def _cap_shutdown_grace() -> None:

@@ -37,6 +37,7 @@ class Simulations:
         self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="simulation")
         self._futures: dict[tuple[str, str], Future] = {}
         self._lock = threading.Lock()
+        self._started = False
         self._env = dict(os.environ)
 
     def _modules(self) -> list:
@@ -70,16 +71,21 @@ class Simulations:
         return run(REPO, folder)
 
     def start(self) -> None:
-        """Queue every run the selected tests use (:meth:`_queue`'s order); the runs already queued stay as they are."""
+        """Queue every run the selected tests use (:meth:`_queue`'s order), once; later calls do nothing."""
         with self._lock:
+            self._start_all()
+
+    def _start_all(self) -> None:
+        if not self._started:
+            self._started = True
             for queued in self._queue():
                 self._start(*queued)
 
     def result(self, request: pytest.FixtureRequest):
         """What the run the fixture ``request`` stands for returned (a SimRun); raises what it raised."""
         module, key = request.module, (request.module.__name__, request.fixturename)
-        self.start()
         with self._lock:
+            self._start_all()
             self._start(module, request.fixturename)  # a run no selected test lists (a fixture used indirectly)
         return self._futures[key].result()
 

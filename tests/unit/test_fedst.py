@@ -20,8 +20,8 @@ from medflare.fedst.controller import FedSTJoinController, FedSTSeparateControll
 from medflare.fedst.config import DiffusionConfig
 from medflare.fedst.diffusion import (build_style_generator, cycle, exchange_plan, exchange_steps, frozen_copy, generator_args,
                                       generator_optimizer, is_domain_entry, other_domain_term, proximal_anchor, proximal_term,
-                                      sample_images,
-                                      sampling_scheduler, select_entries, simple_loss, train_generator, training_scheduler)
+                                      sample_images, sampling_scheduler, select_entries, simple_and_other_domain_losses,
+                                      simple_loss, train_generator, training_scheduler)
 from medflare.fedst.losses import CrossDomainTerm, segmentation_loss
 from medflare.fedst.persistor import fedst_description, fedst_generator_args
 from medflare.fedst.persistor import save_result
@@ -256,6 +256,33 @@ def test_proximal_term_pulls_the_shared_layers_and_leaves_the_domain_module_free
         return sum(float(((params[n].detach() - a) ** 2).sum()) for n, a in start.items())
 
     assert drift(100.0) < 0.5 * drift(0.0)
+
+
+@pytest.mark.parametrize("kind", ["mse", "l1"])
+def test_one_pass_losses_equal_the_two_passes_in_value_and_gradient(kind):
+    """FedST-join's local step computes L_simple and the other-domain term in one forward pass over both halves: the
+    same values and the same gradients as the two functions that define them (a term lost or a half swapped differs)."""
+    cfg = DiffusionConfig.from_dict({"generator": TINY})
+    sched = training_scheduler(cfg)
+    images, cond = torch.rand(4, 1, 8, 8) * 2 - 1, encode_labels(_labels(4), 3)
+    noise, t = torch.randn(4, 1, 8, 8), torch.tensor([10, 200, 500, 900])
+    gen = _generator(num_domains=2).train()
+    ref = _generator(num_domains=2, seed=1)  # another generator: the other-domain term is not zero
+    own, other = domain_vectors(1, 2, 4), domain_vectors(0, 2, 4)
+
+    def grads(loss):
+        gen.zero_grad()
+        loss.backward()
+        return [p.grad.clone() for p in gen.parameters()]
+
+    value, kept = simple_and_other_domain_losses(gen, ref, sched, images, cond, noise, t, own, other, kind)
+    one_pass = grads(value + 5.0 * kept)
+    expected_value = simple_loss(gen, sched, images, cond, noise, t, own, kind)
+    expected_kept = other_domain_term(gen, ref, sched, images, cond, noise, t, other)
+    assert value.item() == pytest.approx(expected_value.item(), rel=1e-5) and kept.item() > 0
+    assert kept.item() == pytest.approx(expected_kept.item(), rel=1e-5)
+    two_passes = grads(expected_value + 5.0 * expected_kept)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(one_pass, two_passes))
 
 
 def test_keeping_the_other_domains_keeps_their_predictions_and_lets_the_own_domain_move():

@@ -16,20 +16,21 @@ REPO = Path(__file__).resolve().parents[2]
 class Simulations:
     """The session's simulator runs, started in the background ahead of the tests that read them, ``workers`` at a time.
 
-    A test module lists its runs in ``RUNS``: ``{fixture name: function(repo, folder) -> SimRun}`` (customise the job
-    and call :func:`medflare.jobs.simulate.run_simulator`; ``folder`` is the run's own empty folder) and declares a
-    fixture of each name with :func:`simulation`. :meth:`start` (called at the session's first test, or by the first
-    run a test requests) queues every run that the selected tests use, in the order the tests read them, except that
-    the runs a module names in ``START_FIRST`` (its long ones) go ahead of all others: ``workers`` of them run at a
-    time until none is left, so a long run goes on while the short ones behind it pass through the other worker, and
-    no worker waits for a test to ask. A 2-core machine idles through much of a run (FLARE starting the site
-    processes, its end-of-run waits, a small site waiting for a large one), so two runs at once take less time than
-    one after the other, and nothing a test reads depends on timing (every workflow waits for its sites, each site's
-    threads follow the simulator's ``-t`` and the cores the runs share, data is generated from seeds with its own
-    generators). A run's function runs beside the tests, so it must leave process-wide state alone (os.environ, global
-    RNGs), and the environment its runs start from is the session's as it was when this object was made, whatever a
-    test has monkeypatched meanwhile (:data:`medflare.jobs.simulate.BASE_ENV`); ``run_simulator(env=)`` gives a run
-    its own variables.
+    A test module lists its runs in ``RUNS``: ``{fixture name: function(repo, folder) -> what its tests read}``
+    (customise the job and call :func:`medflare.jobs.simulate.run_simulator`, or run a command in its own process, and
+    return the SimRun or the finished process with what else the tests need; ``folder`` is the run's own empty folder)
+    and declares a fixture of each name with :func:`simulation`. :meth:`start` (called at the session's first test, or
+    by the first run a test requests) queues every run that the selected tests use, in the order the tests read them,
+    except that the runs a module names in ``START_FIRST`` (its long ones) go ahead of all others: ``workers`` of them
+    run at a time until none is left, so a long run goes on while the short ones behind it pass through the other
+    worker, and no worker waits for a test to ask. A 2-core machine idles through much of a run (FLARE starting the site
+    processes, its end-of-run waits, a small site waiting for a large one), so two runs at once take less time than one
+    after the other, and nothing a test reads depends on timing (every workflow waits for its sites, each site's threads
+    follow the simulator's ``-t`` and the cores the runs share, data is generated from seeds with its own generators). A
+    run's function runs beside the tests, so it must leave process-wide state alone (os.environ, global RNGs), and the
+    environment its runs start from is the session's as it was when this object was made, whatever a test has
+    monkeypatched meanwhile (:data:`medflare.jobs.simulate.BASE_ENV`); ``run_simulator(env=)`` gives a run its own
+    variables.
     """
 
     def __init__(self, session: pytest.Session, tmp_path_factory: pytest.TempPathFactory, workers: int):

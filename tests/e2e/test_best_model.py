@@ -8,12 +8,15 @@ selector pairs a round's scores with the model the sites scored, not with the on
 """
 
 import json
+from functools import partial
 
 import pytest
 import torch
 
 from medflare.jobs.customize import customize_job
 from medflare.jobs.simulate import run_simulator
+
+from . import simulation
 
 pytestmark = pytest.mark.slow
 
@@ -22,6 +25,8 @@ CLIENTS = ["site-1", "site-3"]
 
 
 def _run(repo, tmp_path, job, scores):
+    """``job`` with the sites' validation scores following ``scores`` ({round: Dice}); (the SimRun, the folder of the
+    models the sites received)."""
     kept = tmp_path / "received"
     folder = customize_job(
         repo / "jobs" / job, tmp_path / job, preset="seg_synthetic_tiny",
@@ -56,8 +61,15 @@ def _received(kept, task, rnd):
     return models[0]
 
 
-def test_fedavg_best_file_is_the_final_model_when_the_final_model_scores_best(repo, tmp_path):
-    run, kept = _run(repo, tmp_path, "fedavg", {"1": 0.2, "2": 0.5, str(ROUNDS): 0.9})
+#: both runs, started in the background (tests/e2e/__init__.py): FedAvg's script makes the final model the best,
+#: SCAFFOLD's round 1
+RUNS = {"fedavg_run": partial(_run, job="fedavg", scores={"1": 0.2, "2": 0.5, str(ROUNDS): 0.9}),
+        "scaffold_run": partial(_run, job="scaffold", scores={"1": 0.9, "2": 0.3, str(ROUNDS): 0.5})}
+fedavg_run, scaffold_run = simulation("fedavg_run"), simulation("scaffold_run")
+
+
+def test_fedavg_best_file_is_the_final_model_when_the_final_model_scores_best(fedavg_run):
+    run, kept = fedavg_run
     best, last = _weights(run.app_server / "best_FL_global_model.pt"), _weights(run.app_server / "FL_global_model.pt")
     assert _same(best, last), "best_FL_global_model.pt is not the final model, which scored best"
     assert not _same(best, _received(kept, "train", ROUNDS - 1))
@@ -66,8 +78,8 @@ def test_fedavg_best_file_is_the_final_model_when_the_final_model_scores_best(re
         assert sorted(dict(series["val_global/dice"])) == list(range(ROUNDS + 1)), site
 
 
-def test_scaffold_best_file_is_the_model_the_sites_scored_in_the_best_round(repo, tmp_path):
-    run, kept = _run(repo, tmp_path, "scaffold", {"1": 0.9, "2": 0.3, str(ROUNDS): 0.5})
+def test_scaffold_best_file_is_the_model_the_sites_scored_in_the_best_round(scaffold_run):
+    run, kept = scaffold_run
     best = _weights(run.app_server / "best_FL_global_model.pt")
     assert _same(best, _received(kept, "train", 1)), "best_FL_global_model.pt is not the model scored in round 1"
     assert not _same(best, _received(kept, "train", 2))  # the aggregate of round 1's updates: not what was scored

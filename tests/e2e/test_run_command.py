@@ -8,8 +8,11 @@ import sys
 
 import pytest
 
+from medflare.common.compute import CORES_ENV
 from medflare.common.summary import CURVE_TAG, ROUND_LINE
-from medflare.jobs.simulate import SIMULATOR_SERVER, read_scalars
+from medflare.jobs.simulate import BASE_ENV, RUN_ENV, SIMULATOR_SERVER, read_scalars
+
+from . import simulation
 
 pytestmark = pytest.mark.slow
 
@@ -17,10 +20,23 @@ ROUNDS = 2
 NOISE = ("set transaction info", "has been downloaded", "Finished one task run", "deprecated", "num_clients (")
 
 
-def test_medflare_run_prints_a_line_per_round_and_the_result(tmp_path):
+def _medflare_run(repo, folder):
+    """The command as a user types it, in its own process (the session's environment and its share of the cores, not
+    the fork server): (the finished process, its workspace folder)."""
     cmd = [sys.executable, "-m", "medflare.cli", "run", "fedavg", "-n", "2", "--preset", "seg_synthetic_tiny",
-           "--rounds", str(ROUNDS), "--set", "train.epochs=1", "-w", str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+           "--rounds", str(ROUNDS), "--set", "train.epochs=1", "-w", str(folder)]
+    env = {**(BASE_ENV.get() or os.environ), "PYTHONWARNINGS": "ignore"}
+    if CORES_ENV in RUN_ENV:  # it runs beside another of the session's runs
+        env[CORES_ENV] = RUN_ENV[CORES_ENV]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env), folder
+
+
+RUNS = {"run_command": _medflare_run}  # started in the background (tests/e2e/__init__.py)
+run_command = simulation("run_command")
+
+
+def test_medflare_run_prints_a_line_per_round_and_the_result(run_command):
+    proc, workspace = run_command
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     lines = proc.stdout.splitlines()
@@ -28,7 +44,7 @@ def test_medflare_run_prints_a_line_per_round_and_the_result(tmp_path):
     assert [(m["round"], m["total"], m["key"], m["sites"]) for m in rounds] == [(str(r), str(ROUNDS), "dice", "2")
                                                                                 for r in range(1, ROUNDS + 1)], out
     assert all(m["value"].endswith(" %") for m in rounds), out
-    ws = tmp_path / "fedavg"
+    ws = workspace / "fedavg"
     result = ws / "server" / "simulate_job" / "app_server" / "FL_global_model.pt"
     assert f"result: {result}" in lines and f"score it: medflare evaluate --model {result} -n 2" in lines, out
     assert result.is_file()

@@ -35,6 +35,8 @@ PRESET = "seg_synthetic_tiny"
 ROUNDS = 2
 JOB_TIMEOUT = 420  # s per job; they share 2 cores with each other and with whatever else runs
 DEAD_BOUND = 90  # s from killing a site's job process to the job's terminal state
+#: saves a site's task results before any filter runs (the privacy scope's included)
+UNFILTERED = {"id": "unfiltered", "path": "medflare.testing.widgets.UnfilteredResultRecorder", "args": {}}
 
 
 
@@ -73,12 +75,12 @@ def jobs(fed):
     specs = {
         "unknown_scope": dict(src="fedavg", scope="no-such-scope"),
         "byoc": dict(src="fedavg", byoc=True),
-        "not_allowed": dict(src="fedavg", rounds=1, client_component={"id": "outsider", "path": "json.decoder.JSONDecoder", "args": {}}),
+        "not_allowed": dict(src="fedavg", rounds=1, sites=[site],
+                            client_component={"id": "outsider", "path": "json.decoder.JSONDecoder", "args": {}}),
         "dead_site": dict(src="fedavg", rounds=50),
         "no_data": dict(src="fedavg", preset="cls_medmnist"),  # the sites hold no .npz: every site fails at start
         "fedavg": dict(src="fedavg"),
-        "plain_1site": dict(src="fedavg", rounds=1, sites=[site]),
-        "strict_1site": dict(src="fedavg", rounds=1, sites=[site], scope="strict"),
+        "strict_1site": dict(src="fedavg", rounds=1, sites=[site], scope="strict", client_component=UNFILTERED),
         "fedsm": dict(src="fedsm"),  # a checkout without jobs/fedsm or medflare.fedsm fails here, it does not skip
     }
     sess = fed.session()
@@ -223,18 +225,17 @@ def _strict_scope() -> dict:
 
 
 def test_strict_scope_filters_what_the_server_aggregates(fed, jobs, sess):
-    """Same one-site, one-round job twice, default scope and "strict": the server's update under "strict"
-    must be exactly PercentilePrivacy(percentile, gamma) applied to the unfiltered update (the site's
-    training is deterministic, so the unfiltered run shows what the site computed)."""
-    models = {}
-    for name in ("plain_1site", "strict_1site"):
-        meta = _wait(sess, jobs[name])
-        assert meta["status"] == "FINISHED:COMPLETED", meta
-        ckpt = read_checkpoint(_download(fed, sess, jobs[name]) / "app_server" / "FL_global_model.pt")
-        models[name] = {k: v.numpy().astype(np.float64) for k, v in ckpt["model"].items()}
+    """A one-site, one-round job under the "strict" scope: the server's update must be exactly PercentilePrivacy(
+    percentile, gamma) applied to the update the site's executor computed in the same run (saved at the site before any
+    filter ran, medflare.testing.widgets.UnfilteredResultRecorder)."""
+    job_id, site = jobs["strict_1site"], fed.sites[0]
+    meta = _wait(sess, job_id)
+    assert meta["status"] == "FINISHED:COMPLETED", meta
+    ckpt = read_checkpoint(_download(fed, sess, job_id) / "app_server" / "FL_global_model.pt")
     init = {k: v.numpy().astype(np.float64) for k, v in model_from_preset(PRESET).state_dict().items()}
-    raw = {k: models["plain_1site"][k] - init[k] for k in init}
-    got = {k: models["strict_1site"][k] - init[k] for k in init}
+    with np.load(fed.kit(site) / job_id / "unfiltered_train_0.npz") as saved:
+        raw = {k: saved[k].astype(np.float64) for k in init}
+    got = {k: ckpt["model"][k].numpy().astype(np.float64) - init[k] for k in init}
 
     # PercentilePrivacy as FLARE defines it: per-case diff (divided by NUM_STEPS_CURRENT_ROUND, which our
     # executor sets to the site's training cases), zero |d| below the percentile, clip to gamma, scale back.

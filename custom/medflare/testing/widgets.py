@@ -1,6 +1,6 @@
 """FLARE widgets for tests and benchmarks: components that only watch a job, as FLARE's own widgets do.
 
-Each appends JSON rows to a file in the job's run folder, which a test reads after the simulator ends.
+Each writes to a file in the job's run folder (JSON rows, or arrays), which a test reads after the job ends.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import os
 import time
 
 from nvflare.apis.dxo import DXO, DataKind, from_shareable
+from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_component import FLComponent
 from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
@@ -183,3 +184,39 @@ class ModelRecorder(_JsonLinesRecorder):
         else:
             return
         self.append(fl_ctx, row)
+
+
+class UnfilteredResultRecorder(FLComponent):
+    """Client widget: every task result as the site's executor made it, before any filter ran (the privacy scope's or
+    the job's), its WEIGHT_DIFF (or WEIGHTS) arrays saved as ``<run dir>/<prefix><task>_<n>.npz`` (n counts that task's
+    results from 0; for a COLLECTION, the first such part). FLARE fires AFTER_TASK_EXECUTION with the reply before it
+    filters it, so a test compares what a site computed with what its filters let out, in one run.
+
+    Args:
+        prefix: file name prefix. Default "unfiltered_".
+    """
+
+    def __init__(self, prefix: str = "unfiltered_"):
+        super().__init__()
+        self.prefix = prefix
+        self._count: dict[str, int] = {}
+
+    def handle_event(self, event_type: str, fl_ctx: FLContext) -> None:
+        import numpy as np
+
+        if event_type != EventType.AFTER_TASK_EXECUTION:
+            return
+        reply = fl_ctx.get_prop(FLContextKey.TASK_RESULT)
+        try:
+            dxo = from_shareable(reply)
+        except Exception:  # noqa: BLE001 - an error reply or not a DXO: nothing to keep
+            return
+        if dxo.data_kind == DataKind.COLLECTION:
+            dxo = next((v for v in (dxo.data or {}).values()
+                        if isinstance(v, DXO) and v.data_kind in (DataKind.WEIGHT_DIFF, DataKind.WEIGHTS)), None)
+        if dxo is None or dxo.data_kind not in (DataKind.WEIGHT_DIFF, DataKind.WEIGHTS):
+            return
+        task = fl_ctx.get_prop(FLContextKey.TASK_NAME)
+        n = self._count[task] = self._count.get(task, -1) + 1
+        run_dir = fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id())
+        np.savez(os.path.join(run_dir, f"{self.prefix}{task}_{n}.npz"), **{k: np.array(v) for k, v in dxo.data.items()})

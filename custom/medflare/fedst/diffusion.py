@@ -223,7 +223,8 @@ def simple_and_other_domain_losses(generator: StyleGenerator, reference: nn.Modu
     """:func:`simple_loss` under the site's own domain vectors ``own`` and :func:`other_domain_term` under ``other``,
     from one forward pass of the generator over both halves stacked into one batch (the same values and gradients:
     every layer of the generator treats each image on its own, GroupNorm included). A FedST-join local step on CPU
-    costs about a fifth less than with two passes (0.22 -> 0.18 s at fedst_tiny's batch of 8, one thread)."""
+    costs 9 % less than with two passes (0.196 -> 0.178 s at fedst_tiny's batch of 8, one thread;
+    benchmarks/fedst_join_step.py)."""
     n = images.shape[0]
     pair = lambda t: torch.cat([t, t])  # noqa: E731
     pred = noised_prediction(generator, scheduler, pair(images), pair(condition), pair(noise), pair(timesteps),

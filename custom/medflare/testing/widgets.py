@@ -188,9 +188,10 @@ class ModelRecorder(_JsonLinesRecorder):
 
 class UnfilteredResultRecorder(FLComponent):
     """Client widget: every task result as the site's executor made it, before any filter ran (the privacy scope's or
-    the job's), its WEIGHT_DIFF (or WEIGHTS) arrays saved as ``<run dir>/<prefix><task>_<n>.npz`` (n counts that task's
-    results from 0; for a COLLECTION, the first such part). FLARE fires AFTER_TASK_EXECUTION with the reply before it
-    filters it, so a test compares what a site computed with what its filters let out, in one run.
+    the job's), its model update saved as ``<run dir>/<prefix><task>_<n>.npz`` (n counts that task's results from 0):
+    the part the server would take as the result (:func:`medflare.common.egress.unpack`, e.g. FedAvg's WEIGHT_DIFF).
+    FLARE fires AFTER_TASK_EXECUTION with the reply before it filters it, so a test compares what a site computed with
+    what its filters let out, in one run. Results without such a part (validation scores) are skipped.
 
     Args:
         prefix: file name prefix. Default "unfiltered_".
@@ -204,19 +205,17 @@ class UnfilteredResultRecorder(FLComponent):
     def handle_event(self, event_type: str, fl_ctx: FLContext) -> None:
         import numpy as np
 
+        from medflare.common.egress import unpack
+
         if event_type != EventType.AFTER_TASK_EXECUTION:
             return
-        reply = fl_ctx.get_prop(FLContextKey.TASK_RESULT)
         try:
-            dxo = from_shareable(reply)
+            params = _params_of(unpack(from_shareable(fl_ctx.get_prop(FLContextKey.TASK_RESULT))))
         except Exception:  # noqa: BLE001 - an error reply or not a DXO: nothing to keep
             return
-        if dxo.data_kind == DataKind.COLLECTION:
-            dxo = next((v for v in (dxo.data or {}).values()
-                        if isinstance(v, DXO) and v.data_kind in (DataKind.WEIGHT_DIFF, DataKind.WEIGHTS)), None)
-        if dxo is None or dxo.data_kind not in (DataKind.WEIGHT_DIFF, DataKind.WEIGHTS):
+        if not params:
             return
         task = fl_ctx.get_prop(FLContextKey.TASK_NAME)
         n = self._count[task] = self._count.get(task, -1) + 1
         run_dir = fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id())
-        np.savez(os.path.join(run_dir, f"{self.prefix}{task}_{n}.npz"), **{k: np.array(v) for k, v in dxo.data.items()})
+        np.savez(os.path.join(run_dir, f"{self.prefix}{task}_{n}.npz"), **{k: np.array(v) for k, v in params.items()})

@@ -229,8 +229,7 @@ def simple_and_other_domain_losses(generator: StyleGenerator, reference: nn.Modu
     pair = lambda t: torch.cat([t, t])  # noqa: E731
     pred = noised_prediction(generator, scheduler, pair(images), pair(condition), pair(noise), pair(timesteps),
                              torch.cat([own, other]))
-    target = training_target(scheduler, images, noise, timesteps)
-    value = F.mse_loss(pred[:n], target) if kind == "mse" else F.l1_loss(pred[:n], target)
+    value = _distance(pred[:n], training_target(scheduler, images, noise, timesteps), kind)
     with torch.no_grad():
         kept = noised_prediction(reference, scheduler, images, condition, noise, timesteps, other)
     return value, F.mse_loss(pred[n:], kept)
@@ -302,8 +301,12 @@ def simple_loss(
     """L_simple (Eq. 2) for one batch: images (B, C, H, W) in [-1, 1], condition (B, K, H, W) encoded labels,
     noise like images, timesteps (B,) -> scalar mean over pixels and batch (``kind`` "mse" = the squared norm of
     Eq. 2, "l1" = the reference code's). ``generator`` is called as ``generator(x, timesteps=, context=None)``."""
-    pred = noised_prediction(generator, scheduler, images, condition, noise, timesteps, domain)
-    target = training_target(scheduler, images, noise, timesteps)
+    return _distance(noised_prediction(generator, scheduler, images, condition, noise, timesteps, domain),
+                     training_target(scheduler, images, noise, timesteps), kind)
+
+
+def _distance(pred: torch.Tensor, target: torch.Tensor, kind: str) -> torch.Tensor:
+    """Eq. 2's distance: "mse" (the squared norm) or "l1" (the reference code's), averaged over pixels and batch."""
     return F.mse_loss(pred, target) if kind == "mse" else F.l1_loss(pred, target)
 
 

@@ -508,6 +508,9 @@ def _fedst(base: str, overrides: Mapping, diffusion: Mapping, rounds: int) -> di
 # (keep_other_domains 5): without that term, 40-80 local steps per average draw the mean of the sites' styles for every
 # domain vector; with it, one average per round of 80 steps separates them (issue 32: 16x fewer generator bytes than the
 # sync_steps 5 it replaces, which averaged every 5 local steps).
+# Measured with two sites; at the report's six sites the once-a-round average draws the sites' mixture style for
+# every domain vector (client-average Dice 72.46 against FedST-separate's 78.09; benchmarks/RESULTS_fedst.md,
+# "Full scale"): more than two sites that need each site's style set sync_steps 5 and keep_other_domains 0.
 PRESETS["fedst"] = _fedst(
     "seg_synthetic", {"train": {"epochs": 2, "batch_size": 8, "lr": 3e-3}},
     {"generator": {"channels": [8, 16, 32, 32], "num_res_blocks": 1, "attention_levels": [False, False, False, False],

@@ -509,7 +509,7 @@ def _fedst(base: str, overrides: Mapping, diffusion: Mapping, rounds: int) -> di
 # domain vector; with it, one average per round of 80 steps separates them (issue 32: 16x fewer generator bytes than the
 # sync_steps 5 it replaces, which averaged every 5 local steps).
 # Measured with two sites; at the report's six sites the once-a-round average draws the sites' mixture style for
-# every domain vector (client-average Dice 72.46 against FedST-separate's 78.09; benchmarks/RESULTS_fedst.md,
+# every domain vector (client-average Dice 72.46 against FedST-separate's 78.59 over 3 seeds; benchmarks/RESULTS_fedst.md,
 # "Full scale"): more than two sites that need each site's style set sync_steps 5 and keep_other_domains 0.
 PRESETS["fedst"] = _fedst(
     "seg_synthetic", {"train": {"epochs": 2, "batch_size": 8, "lr": 3e-3}},

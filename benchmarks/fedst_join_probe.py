@@ -56,6 +56,14 @@ def class_means(images: torch.Tensor, labels: torch.Tensor, num_classes: int) ->
     return [float(images[labels == c].mean()) if (labels == c).any() else float("nan") for c in range(num_classes)]
 
 
+def real_maps_and_means(site_data, count: int) -> tuple[torch.Tensor, list[float]]:
+    """The label maps of a site's first ``count`` training cases and its real images' :func:`class_means` on them."""
+    items = [site_data.train[i] for i in range(min(count, len(site_data.train)))]
+    maps = torch.stack([torch.as_tensor(it["label"]) for it in items])
+    images = torch.stack([torch.as_tensor(it["image"]) for it in items])
+    return maps, class_means(images, maps, site_data.num_classes)
+
+
 def separated(drawn: dict, real: dict, sites: list[str]) -> bool:
     """Images drawn with A's vector from B's label maps lie on A's side of the real midpoint in every class, both ways."""
     a, b = sites
@@ -155,9 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
     maps, real = {}, {}
     for s in sites:
-        items = [datas[s].train[i] for i in range(min(args.maps, len(datas[s].train)))]
-        maps[s] = torch.stack([it["label"] for it in items])
-        real[s] = class_means(torch.stack([it["image"] for it in items]), maps[s], num_classes)
+        maps[s], real[s] = real_maps_and_means(datas[s], args.maps)
     drawn = {}
     sampler = sampling_scheduler(DiffusionConfig.from_preset(cfg))
     for k, style in enumerate(sites):

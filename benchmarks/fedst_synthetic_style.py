@@ -20,17 +20,9 @@ from pathlib import Path
 
 import torch
 
-from fedst_join_probe import class_means
+from fedst_join_probe import class_means, real_maps_and_means
 from medflare.data import load_site
 from medflare.presets import get_preset
-
-
-def _real(site: str, cfg: dict, count: int, num_classes: int) -> list[float]:
-    data = load_site(site, cfg["data"]).train
-    items = [data[i] for i in range(min(count, len(data)))]
-    images = torch.stack([torch.as_tensor(x["image"]) for x in items]).float()
-    labels = torch.stack([torch.as_tensor(x["label"]) for x in items]).long()
-    return class_means(images, labels, num_classes)
 
 
 def _contrast(means: list[float]) -> float:
@@ -52,20 +44,20 @@ def main(argv: list[str] | None = None) -> int:
     if not stores:
         print(f"no synthetic stores under {args.workspace}", file=sys.stderr)
         return 1
-    real: dict[str, list[float]] = {}
+    real: dict[str, tuple[int, list[float]]] = {}  # style site -> (classes, its real images' class means)
     print("| holder | style of | drawn in round | drawn class means | real class means | drawn / real contrast |")
     print("|---|---|---:|---|---|---|")
     for path in stores:
         holder, style = path.parents[4].name, path.stem
         store = torch.load(path, weights_only=False)
-        images, labels = store["images"].float(), store["labels"].long()
-        num_classes = int(labels.max()) + 1
         if style not in real:
-            real[style] = _real(style, cfg, args.real_images, num_classes)
-        drawn = class_means(images, labels, num_classes)
+            site = load_site(style, cfg["data"])
+            real[style] = (site.num_classes, real_maps_and_means(site, args.real_images)[1])
+        num_classes, real_means = real[style]
+        drawn = class_means(store["images"].float(), store["labels"].long(), num_classes)
         fmt = lambda v: " / ".join(f"{x:.2f}" for x in v)  # noqa: E731 - a table cell
-        print(f"| {holder} | {style} | {store.get('round')} | {fmt(drawn)} | {fmt(real[style])} | "
-              f"{_contrast(drawn):.2f} / {_contrast(real[style]):.2f} |")
+        print(f"| {holder} | {style} | {store.get('round')} | {fmt(drawn)} | {fmt(real_means)} | "
+              f"{_contrast(drawn):.2f} / {_contrast(real_means):.2f} |")
     return 0
 
 

@@ -68,7 +68,7 @@ def simulations(request, medflare_cache, tmp_path_factory):
     results). tests/e2e/test_hostile_sites.py on the idle 2-core machine: 141 s without, 51 s with."""
     from e2e import Simulations
 
-    from medflare.common.compute import CORES_ENV, available_cores
+    from medflare.common.compute import CORES_ENV, available_cores, process_share
     from medflare.jobs import simulate
 
     simulate.start_fork_server(REPO / "jobs")
@@ -78,7 +78,7 @@ def simulations(request, medflare_cache, tmp_path_factory):
     simulate.RUN_ENV[simulate.SHUTDOWN_GRACE_ENV] = "0.5"
     # the runs that go on at once share the machine's cores: without this each run's server takes every core, and two
     # FedIOD servers on 2 cores ran their distillation 3x slower (tests/e2e/test_fediod.py alone: 335 s, with it 265 s)
-    simulate.RUN_ENV[CORES_ENV] = str(max(1, available_cores() // _parallel_runs()))
+    simulate.RUN_ENV[CORES_ENV] = str(process_share(available_cores(), _parallel_runs()).threads)
     sims = Simulations(request.session, tmp_path_factory, _parallel_runs())
     yield sims
     sims.close()
@@ -104,15 +104,12 @@ def compute_beside_the_runs():
     385 s and 123 s of CPU with 2 threads, 105 s and 28 s with 1: the two threads spin waiting for each other."""
     import torch
 
-    from medflare.common.compute import CORES_ENV, available_cores
+    from medflare.common.compute import CORES_ENV, available_cores, process_share
 
-    threads = max(1, available_cores() // (_parallel_runs() + 1))
-    before, old_env = torch.get_num_threads(), os.environ.get(CORES_ENV)
-    os.environ[CORES_ENV] = str(threads)  # what apply_threads in this process, and the commands it starts, count
-    torch.set_num_threads(threads)
-    yield threads
-    torch.set_num_threads(before)
-    if old_env is None:
-        os.environ.pop(CORES_ENV, None)
-    else:
-        os.environ[CORES_ENV] = old_env
+    threads = process_share(available_cores(), _parallel_runs() + 1).threads
+    before = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CORES_ENV, str(threads))  # what apply_threads in this process, and the commands it starts, count
+        torch.set_num_threads(threads)
+        yield threads
+        torch.set_num_threads(before)

@@ -2,29 +2,33 @@
 
     python benchmarks/fedst_join_probe.py --mode fed --local-steps 10 --steps 240 [--preset fedst_tiny]
         [--sites site-1,site-2] [--lr 2e-3] [--domain-lr 2e-2] [--maps 24] [--seed 0] [--out FILE.jsonl]
-        [--full-every 40 --sync-layers domain] [--prox-mu 1] [--keep-other-domains 1]
+        [--full-every 40 --sync-layers domain] [--prox-mu 1] [--keep-other-domains 1] [--exchange-dtype float16]
 
 One process, no FLARE, the package's own modules (``medflare.fedst.diffusion`` / ``conditioning``): the generator of the
-preset (``diffusion`` section) is trained on two sites' training images, each with its own one-hot domain vector, for
-``--steps`` generator steps in all (the same compute for every mode):
+preset (``diffusion`` section) is trained on the ``--sites``' training images (N sites, two by default), each with its
+own one-hot domain vector, for ``--steps`` generator steps in all (the same compute for every mode):
 
-    central  one generator, one Adam, the sites' batches in turn (step i: site i mod 2)
-    fed      R = steps / (2 K) rounds; each round every site starts from the global generator, trains K local steps with
+    central  one generator, one Adam, the sites' batches in turn (step i: site i mod N)
+    fed      R = steps / (N K) rounds; each round every site starts from the global generator, trains K local steps with
              its own Adam (kept between rounds, never shared, as the site's GeneratorTrainingExecutor does) and returns
              its weight diff; the server adds ``participation_mean`` of the diffs (equal weights), as
              FedSTJoinController does. K = 1 is FedAvg's closest match to central training.
              Cheaper routes (issue 32): ``--sync-layers domain --full-every F`` averages only the domain modulation
-             every K steps and the whole generator every F steps (``diffusion.sync_layers``; R = steps / (2 F)),
+             every K steps and the whole generator every F steps (``diffusion.sync_layers``; R = steps / (N F)); with
+             ``--full-every F`` alone a round of F steps is split into exchanges of K steps that move the whole generator;
              ``--prox-mu`` adds FedProx's proximal term on the shared layers (``diffusion.prox_mu``), and
              ``--keep-other-domains W`` keeps the generator's predictions for the other domain at those of the generator
-             last received (weight W; :func:`medflare.fedst.diffusion.other_domain_term`). The generator bytes one site
+             last received (weight W; :func:`medflare.fedst.diffusion.other_domain_term`); ``--exchange-dtype float16``
+             sends the generator and the diffs in float16 (``diffusion.exchange_dtype``). The generator bytes one site
              sent and received are printed (``bytes_per_site``).
 
 Then it draws images from ``--maps`` training label maps of each site with each domain vector and prints the mean
 intensity of the drawn images in every label class, next to the real images' means. Style transfer succeeds
 ("separated") when the images drawn with site A's vector from site B's label maps have, in every class, a mean on
-site A's side of the midpoint between the two sites' real means, for both directions. One JSON line per run is appended
-to ``--out``. benchmarks/RESULTS_fedst.md, section "FedST-join and the style", holds the measured table.
+site A's side of the midpoint between the two sites' real means, for both directions (two sites). For any number of
+sites it prints the style error (mean |drawn - real| class mean of site A over every pair A, B != A; the mixture's
+error, what a generator that ignores its domain vector scores, beside it) and the share of pairs whose drawn means
+are nearest to site A's real ones (``identified``). One JSON line per run is appended to ``--out``. benchmarks/RESULTS_fedst.md, section "FedST-join and the style", holds the measured table.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from medflare.data.util import stable_seed
 from medflare.fedst.conditioning import participation_mean
 from medflare.fedst.config import DiffusionConfig
 from medflare.fedst.diffusion import (ALL, build_style_generator, cycle, exchange_plan, generator_args, generator_nbytes,
-                                      frozen_copy, generator_optimizer, proximal_anchor, sample_images, sampling_scheduler, select_entries,
+                                      frozen_copy, generator_optimizer, in_exchange_dtype, proximal_anchor, sample_images, sampling_scheduler, select_entries,
                                       train_generator, training_scheduler)
 from medflare.presets import get_preset
 
@@ -74,6 +78,29 @@ def separated(drawn: dict, real: dict, sites: list[str]) -> bool:
             if (value - mid) * (real[style][c] - real[other][c]) <= 0:
                 return False
     return True
+
+
+def style_error(drawn: dict, real: dict, sites: list[str]) -> float:
+    """Mean |drawn - real| class mean over every (style A, maps B != A) pair: 0 when every domain vector draws its
+    site's class means on the other sites' label maps (any number of sites)."""
+    gaps = [abs(value - real[a][c]) for a in sites for b in sites if b != a
+            for c, value in enumerate(drawn[f"{a}<-{b}"])]
+    return float(np.mean(gaps))
+
+
+def mixture_error(real: dict, sites: list[str]) -> float:
+    """:func:`style_error` of a generator that draws the sites' mean class means for every domain vector (the
+    reference a federated generator that ignores its domain vector scores)."""
+    mixture = np.mean([real[s] for s in sites], axis=0)
+    return style_error({f"{a}<-{b}": list(mixture) for a in sites for b in sites if b != a}, real, sites)
+
+
+def identified(drawn: dict, real: dict, sites: list[str]) -> float:
+    """Share of (style A, maps B != A) pairs whose drawn class means are nearest (Euclidean) to site A's real ones
+    among all sites' (chance 1 / number of sites)."""
+    hits = [min(sites, key=lambda s: np.linalg.norm(np.subtract(drawn[f"{a}<-{b}"], real[s]))) == a
+            for a in sites for b in sites if b != a]
+    return float(np.mean(hits))
 
 
 def _batches(data, batch: int, seed: int, site: str):
@@ -106,7 +133,7 @@ def train(args, cfg, datas, sites, num_classes, in_channels) -> tuple[torch.nn.M
     args.bytes_per_site = 0
     for rnd in range(rounds):
         for ex, (steps, down, up) in enumerate(plan):
-            sent = select_entries(state_to_numpy(glob), down)
+            sent = in_exchange_dtype(select_entries(state_to_numpy(glob), down), args.exchange_dtype)
             diffs = []
             for k, s in enumerate(sites):
                 base[s].update(sent)
@@ -118,7 +145,7 @@ def train(args, cfg, datas, sites, num_classes, in_channels) -> tuple[torch.nn.M
                                           seed=args.seed * 100003 + (rnd * len(plan) + ex) * 97 + k,
                                           prox_mu=diff.prox_mu, anchor=anchor[s],
                                           keep_other_domains=args.keep_other_domains, reference=reference[s])
-                diffs.append(weight_diff(select_entries(state_to_numpy(local[s]), up), base[s]))
+                diffs.append(in_exchange_dtype(weight_diff(select_entries(state_to_numpy(local[s]), up), base[s]), args.exchange_dtype))
             mean = participation_mean(diffs, [1.0] * len(sites))
             now = state_to_numpy(glob)
             load_numpy_state(glob, {**now, **{name: now[name] + mean[name] for name in mean}})
@@ -138,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prox-mu", type=float, default=0.0, help="diffusion.prox_mu: proximal term on the shared layers (fed)")
     p.add_argument("--keep-other-domains", type=float, default=0.0,
                    help="weight of the term that keeps the other domains' predictions at the received generator's (fed)")
+    p.add_argument("--exchange-dtype", choices=["float32", "float16"], default="float32",
+                   help="diffusion.exchange_dtype: the float type the generator and the diffs travel in (fed)")
     p.add_argument("--steps", type=int, default=240, help="generator steps in all (both sites together)")
     p.add_argument("--preset", default="fedst_tiny")
     p.add_argument("--sites", default="site-1,site-2")
@@ -174,11 +203,15 @@ def main(argv: list[str] | None = None) -> int:
     row = {"mode": args.mode, "local_steps": args.local_steps if fed else None,
            "full_every": full_every if fed else None, "sync_layers": args.sync_layers if fed else None,
            "prox_mu": args.prox_mu if fed else None, "keep_other_domains": args.keep_other_domains if fed else None,
+           "exchange_dtype": args.exchange_dtype if fed else None,
            "rounds": args.steps // (len(sites) * full_every) if fed else None,
            "generator_bytes": generator_nbytes(generator),
            "bytes_per_site": getattr(args, "bytes_per_site", 0) if fed else None,
            "steps": args.steps, "lr": cfg["diffusion"]["lr"], "domain_lr": cfg["diffusion"]["domain_lr"],
-           "preset": args.preset, "seed": args.seed, "real": real, "drawn": drawn, "separated": separated(drawn, real, sites),
+           "preset": args.preset, "seed": args.seed, "sites": sites, "real": real, "drawn": drawn,
+           "separated": separated(drawn, real, sites) if len(sites) == 2 else None,
+           "style_error": style_error(drawn, real, sites), "mixture_error": mixture_error(real, sites),
+           "identified": identified(drawn, real, sites),
            "loss_first10": float(np.mean(losses[:10])), "loss_last10": float(np.mean(losses[-10:])),
            "train_s": round(train_s, 1), "load_avg": [round(x, 2) for x in os.getloadavg()]}
     fmt = lambda v: " / ".join(f"{x:.3f}" for x in v)  # noqa: E731
@@ -190,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  real {s}: {fmt(real[s])}")
     for key, value in drawn.items():
         print(f"  drawn {key}: {fmt(value)}")
-    print(f"  separated: {row['separated']}")
+    print(f"  separated: {row['separated']}  style error {row['style_error']:.3f} (mixture {row['mixture_error']:.3f})  "
+          f"identified {row['identified']:.2f} (chance {1 / len(sites):.2f})")
     if args.out:
         with open(args.out, "a") as fh:
             fh.write(json.dumps(row) + "\n")

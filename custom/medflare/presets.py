@@ -503,32 +503,32 @@ def _fedst(base: str, overrides: Mapping, diffusion: Mapping, rounds: int) -> di
 
 # Laptop default: 64x64 sites, a 4-level generator (8..32 channels, 0.26M parameters), rectified flow with 20 Euler
 # steps (on these sites it draws images a segmentation model reads as well as real ones in 10-20 steps, where DDIM
-# with the same training budget does not; benchmarks/RESULTS_fedst.md). FedST-join averages its generator once per
-# round (sync_steps 0) and keeps, in a site's local steps, the other domains' predictions at the received generator's
-# (keep_other_domains 5): without that term, 40-80 local steps per average draw the mean of the sites' styles for every
-# domain vector; with it, one average per round of 80 steps separates them (issue 32: 16x fewer generator bytes than the
-# sync_steps 5 it replaces, which averaged every 5 local steps).
-# Measured with two sites; at the report's six sites the once-a-round average draws the sites' mixture style for
-# every domain vector (client-average Dice 72.46 against FedST-separate's 78.59 over 3 seeds; benchmarks/RESULTS_fedst.md,
-# "Full scale"): more than two sites that need each site's style set sync_steps 5 and keep_other_domains 0.
+# with the same training budget does not; benchmarks/RESULTS_fedst.md). FedST-join averages its generator three times
+# a round (sync_steps 34 of the 100 steps) and sends it and the sites' diffs in float16 (exchange_dtype): with one
+# average per round of 100 local steps the six report sites' one generator draws their mixture style for every domain
+# vector, with or without keep_other_domains (issue 32, benchmarks/RESULTS_fedst.md "Six sites"); three averages a
+# round draw the inverted sites inverted, and float16 keeps the bytes under 5x FedST-separate's.
 PRESETS["fedst"] = _fedst(
     "seg_synthetic", {"train": {"epochs": 2, "batch_size": 8, "lr": 3e-3}},
     {"generator": {"channels": [8, 16, 32, 32], "num_res_blocks": 1, "attention_levels": [False, False, False, False],
                    "norm_num_groups": 8, "num_head_channels": 8},
      "scheduler": "rflow", "prediction": "epsilon", "train_timesteps": 1000, "sampler": "ddim", "sample_steps": 20,
-     "lr": 2e-3, "domain_lr": 2e-2, "batch_size": 8, "warmup_steps": 800, "steps_per_round": 100, "sync_steps": 0, "keep_other_domains": 5.0,
+     "lr": 2e-3, "domain_lr": 2e-2, "batch_size": 8, "warmup_steps": 800, "steps_per_round": 100, "sync_steps": 34,
+     "exchange_dtype": "float16",
      "warmup_rounds": 3,
      "num_synthetic": 0, "sample_batch": 32},
     rounds=8,
 )
 # End-to-end tests: 32x32, a quarter of the cases, a 3-level generator (8..16 channels, 68K parameters), rectified
-# flow with 10 steps.
+# flow with 10 steps. Two sites: FedST-join averages once per round with keep_other_domains 5, which follows style at
+# two sites (not at six, see above), and sends the generator in float16 as `fedst` does.
 PRESETS["fedst_tiny"] = _fedst(
     "seg_synthetic_tiny", {"train": {"epochs": 3, "batch_size": 4, "lr": 1e-2}},
     {"generator": {"channels": [8, 16, 16], "num_res_blocks": 1, "attention_levels": [False, False, False],
                    "norm_num_groups": 4, "num_head_channels": 4},
      "scheduler": "rflow", "prediction": "epsilon", "train_timesteps": 1000, "sampler": "ddim", "sample_steps": 10,
      "lr": 2e-3, "domain_lr": 2e-2, "batch_size": 8, "warmup_steps": 160, "steps_per_round": 80, "sync_steps": 0, "keep_other_domains": 5.0,
+     "exchange_dtype": "float16",
      "warmup_rounds": 2,
      "num_synthetic": 0, "sample_batch": 32},
     rounds=3,

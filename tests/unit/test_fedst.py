@@ -19,7 +19,7 @@ from medflare.fedst.conditioning import check_domain_vectors, domain_vectors, en
 from medflare.fedst.controller import FedSTJoinController, FedSTSeparateController
 from medflare.fedst.config import DiffusionConfig
 from medflare.fedst.diffusion import (build_style_generator, cycle, exchange_plan, exchange_steps, frozen_copy, generator_args,
-                                      generator_optimizer, is_domain_entry, other_domain_term, proximal_anchor, proximal_term,
+                                      generator_optimizer, in_exchange_dtype, is_domain_entry, other_domain_term, proximal_anchor, proximal_term,
                                       sample_images, sampling_scheduler, select_entries, simple_and_other_domain_losses,
                                       simple_loss, train_generator, training_scheduler)
 from medflare.fedst.losses import CrossDomainTerm, segmentation_loss
@@ -317,7 +317,7 @@ def _join_controller(overrides, sites=("site-1", "site-2")):
 @pytest.mark.parametrize("sync_layers", ["all", "domain"])
 def test_join_bytes_predicted_match_what_each_exchange_moves(sync_layers):
     ctrl = _join_controller({"diffusion": {"sync_layers": sync_layers}})
-    gen = ctrl.parts[P.GEN]
+    gen = ctrl._on_the_wire(ctrl.parts[P.GEN])  # fedst_tiny sends float16
     G, D = payload_bytes(gen), payload_bytes(select_entries(gen, "domain"))
     per_round = sum(payload_bytes(flatten({P.GEN: select_entries(gen, down)})) + payload_bytes(flatten({P.GEN: select_entries(gen, up)}))
                     for _, down, up in ctrl.plan)
@@ -338,6 +338,19 @@ def test_a_domain_exchange_averages_only_the_domain_modulation():
     assert all(np.array_equal(after[k], before[k]) for k in before if k not in domain)
     with pytest.raises(Exception, match="asked for the 'all' part"):
         ctrl._combine_generator(results, "all")
+
+
+def test_a_float16_exchange_halves_the_generator_bytes_and_the_server_keeps_float32():
+    wide, narrow = (_join_controller({"diffusion": {"exchange_dtype": dtype}}) for dtype in ("float32", "float16"))
+    assert narrow.predicted_generator_bytes() * 2 == wide.predicted_generator_bytes() > 0
+    assert narrow._on_the_wire(narrow.parts[P.GEN])[next(iter(narrow.parts[P.GEN]))].dtype == np.float16
+    before = {k: v.copy() for k, v in narrow.parts[P.GEN].items()}
+    diffs = [in_exchange_dtype({k: np.full_like(v, 0.25 * (i + 1)) for k, v in before.items()}, "float16") for i in range(2)]
+    results = {s: FLModel(params=flatten({P.GEN: d})) for s, d in zip(narrow.site_names, diffs)}
+    after = narrow._combine_generator(results)
+    assert all(after[k].dtype == before[k].dtype == np.float32 and np.allclose(after[k], before[k] + 0.375) for k in before)
+    mixed = in_exchange_dtype({"w": np.ones(3, np.float32), "n": np.arange(3)}, "float16")
+    assert mixed["w"].dtype == np.float16 and mixed["n"].dtype == np.arange(3).dtype
 
 
 def test_join_generator_bytes_counts_domain_only_exchanges():

@@ -1,6 +1,7 @@
 """Communication cost of FedST-separate vs FedST-join (the paper's Eq. 4 and Fig. 9c), and the job's byte ledger.
 
-Plain Python, no FLARE. G is the bytes of one generator, S of one segmentation model, c the number of sites,
+Plain Python, no FLARE. G is the bytes of one generator as it travels (FedST-join's in ``diffusion.exchange_dtype``,
+float16 halves it; FedST-separate's in float32), S of one segmentation model, c the number of sites,
 m the number of rounds in which the join generator is exchanged.
 
 - **separate** (this implementation): whenever the style store is shared, every site uploads its generator

@@ -19,6 +19,8 @@ GENERATOR_WEIGHTS = ("equal", "cases")
 #: ``diffusion.sync_layers``: what FedST-join averages every ``sync_steps`` local steps ("all": the whole generator;
 #: "domain": only the domain modulation, the whole generator once per round)
 SYNC_LAYERS = ("all", "domain")
+#: ``diffusion.exchange_dtype``: the float type FedST-join's generator travels in, both ways
+EXCHANGE_DTYPES = ("float32", "float16")
 #: ``fedst.refresh_every`` when a preset leaves it null: FedST-separate uploads once (the paper), FedST-join redraws
 #: its synthetic images every 2 rounds
 REFRESH_EVERY = {"separate": 0, "join": 2}
@@ -81,8 +83,10 @@ class DiffusionConfig(Section):
             layers, which the server averages back to the mean style; with few local steps per exchange the federated
             generator learns both styles and switches with the domain vector as a centrally trained one does
             (measured, benchmarks/RESULTS_fedst.md; the paper's Fig. 9d also finds that longer communication intervals
-            hurt). Costs 2 G per site and exchange. Default 5; the ``fedst`` and ``fedst_tiny`` presets set 0 with
-            ``keep_other_domains`` 5 instead (one exchange per round that still follows style, issue 32).
+            hurt). Costs 2 G per site and exchange. Default 5. The ``fedst`` preset (six report sites) sets 34, three
+            exchanges in its rounds of 100 steps, with ``exchange_dtype`` float16; ``fedst_tiny`` (two sites) sets 0
+            with ``keep_other_domains`` 5, which follows style at two sites but not at six (issue 32,
+            benchmarks/RESULTS_fedst.md "Six sites").
         sync_layers: FedST-join: what an exchange within a round averages. "all": the whole generator every exchange
             (2 G per site and exchange). "domain": only the domain modulation (``modulation.*``, 1-3 % of G) every
             ``sync_steps`` steps, the whole generator once per round (the round's first exchange downloads all of it,
@@ -95,6 +99,11 @@ class DiffusionConfig(Section):
             that of the generator last received (:func:`medflare.fedst.diffusion.other_domain_term`): the shared
             layers cannot move the other sites' styles, so the site's own style has to go into its domain column.
             0 = none. Default 0.
+        exchange_dtype: FedST-join: the float type the generator travels in, both ways ("float32" | "float16"). With
+            "float16" the server sends the global generator rounded to float16 and a site sends its diff (taken
+            against what it received) in float16; the server keeps and averages the generator in float32 and a site
+            trains it in float32. Halves the generator's bytes, so the same byte budget buys twice the exchanges
+            (``sync_steps``). Default "float32".
         warmup_rounds: FedST-join: rounds in which only the generator is trained (FedAvg), before segmentation. Default 2.
         num_synthetic: label maps of a site turned into synthetic images per refresh (0 = all training cases). Default 0.
         sample_batch: images denoised together when sampling. Default 32.
@@ -119,6 +128,7 @@ class DiffusionConfig(Section):
     sync_layers: str = setting("all", OneOf(SYNC_LAYERS))
     prox_mu: float = setting(0.0, NON_NEGATIVE)
     keep_other_domains: float = setting(0.0, NON_NEGATIVE)
+    exchange_dtype: str = setting("float32", OneOf(EXCHANGE_DTYPES))
     warmup_rounds: int = setting(2, Int(0))
     num_synthetic: int = setting(0, Int(0))
     sample_batch: int = setting(32, Int(1))

@@ -36,7 +36,7 @@ from medflare.fedst import comm
 from medflare.fedst import protocol as P
 from medflare.fedst.conditioning import participation_mean
 from medflare.fedst.config import DiffusionConfig, FedSTConfig
-from medflare.fedst.diffusion import ALL, DOMAIN, exchange_plan, select_entries
+from medflare.fedst.diffusion import ALL, DOMAIN, exchange_plan, in_exchange_dtype, select_entries
 from medflare.fedst.persistor import META_CLASSES, META_METRICS, META_ROUND, META_SITES, META_SIZE, META_VERSIONS
 from medflare.presets import get_preset
 
@@ -357,7 +357,7 @@ class FedSTJoinController(FedSTController):
         for rnd in range(self.rounds_in_job):
             self.start_round(rnd, self.rounds_in_job)
             for exchange, (steps, down, up) in enumerate(self.plan):
-                sent = flatten({P.GEN: select_entries(self.parts[P.GEN], down)})
+                sent = flatten({P.GEN: self._on_the_wire(select_entries(self.parts[P.GEN], down))})
                 payloads = {s: FLModel(params_type=ParamsType.FULL, params=sent, current_round=rnd,
                                        meta=self._meta(**{P.STEPS: steps, P.EXCHANGE: exchange, P.EXCHANGES: len(self.plan),
                                                           P.UPLOAD: up}))
@@ -395,8 +395,12 @@ class FedSTJoinController(FedSTController):
                                    f"the {part!r} part ({len(want)} entries)")
         return {**self.parts[P.GEN], **apply_diff(want, participation_mean(diffs, weights))}
 
+    def _on_the_wire(self, state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """What of the generator travels: ``state`` in ``diffusion.exchange_dtype`` (the server keeps float32)."""
+        return in_exchange_dtype(state, self.diffusion.exchange_dtype)
+
     def generator_size(self) -> int:
-        return nbytes(self.parts[P.GEN])
+        return nbytes(self._on_the_wire(self.parts[P.GEN]))
 
     @property
     def exchanges_in_job(self) -> int:
@@ -410,7 +414,7 @@ class FedSTJoinController(FedSTController):
         return self.rounds_in_job * (len(self.plan) - 1) if self.diffusion.sync_layers == DOMAIN else 0
 
     def domain_size(self) -> int:
-        return nbytes(select_entries(self.parts[P.GEN], DOMAIN))
+        return nbytes(self._on_the_wire(select_entries(self.parts[P.GEN], DOMAIN)))
 
     def predicted_generator_bytes(self) -> int:
         partial = self.partial_exchanges_in_job
@@ -421,5 +425,7 @@ class FedSTJoinController(FedSTController):
         c, m, g = len(self.site_names), self.exchanges_in_job, self.generator_size()
         return {"generator_rounds": self.rounds_in_job, "generator_exchanges": m, "sync_layers": self.diffusion.sync_layers,
                 "domain_only_exchanges": self.partial_exchanges_in_job, "domain_bytes_each": self.domain_size(),
+                "exchange_dtype": self.diffusion.exchange_dtype,
                 "paper_join_bytes": comm.paper_join_bytes(c, m, g),
-                "separate_bytes_same_sites": comm.separate_generator_bytes(c, g), "eq4_join_cheaper": comm.eq4_join_cheaper(m, c)}
+                "separate_bytes_same_sites": comm.separate_generator_bytes(c, nbytes(self.parts[P.GEN])),  # sent in float32
+                "eq4_join_cheaper": comm.eq4_join_cheaper(m, c)}

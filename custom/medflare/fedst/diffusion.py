@@ -21,6 +21,7 @@ import copy
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from monai.inferers import DiffusionInferer
@@ -73,6 +74,14 @@ def select_entries(state: Mapping[str, Any], part: str) -> dict[str, Any]:
     if part not in (ALL, DOMAIN):
         raise ValueError(f"unknown generator part {part!r} (known: {ALL!r}, {DOMAIN!r})")
     return dict(state) if part == ALL else {k: v for k, v in state.items() if is_domain_entry(k)}
+
+
+def in_exchange_dtype(state: Mapping[str, Any], dtype: str) -> dict[str, Any]:
+    """The float entries of a generator state (or diff) cast to ``diffusion.exchange_dtype`` for the wire; integer
+    entries as they are. The receiver casts back: ``load_numpy_state`` to the model's dtype, the server's
+    ``apply_diff`` to the global generator's float32."""
+    target = np.dtype(dtype)
+    return {k: v.astype(target) if np.issubdtype(np.asarray(v).dtype, np.floating) else v for k, v in state.items()}
 
 
 def proximal_anchor(generator: nn.Module) -> dict[str, torch.Tensor]:

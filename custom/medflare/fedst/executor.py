@@ -43,7 +43,7 @@ from medflare.fedst import protocol as P
 from medflare.fedst.cache import JOIN_KEY, SiteStyleCache
 from medflare.fedst.config import DiffusionConfig
 from medflare.fedst.diffusion import (ALL, build_style_generator, cycle, frozen_copy, generator_args, generator_optimizer,
-                                      is_domain_entry, proximal_anchor, sample_images, sampling_scheduler, select_entries,
+                                      in_exchange_dtype, is_domain_entry, proximal_anchor, sample_images, sampling_scheduler, select_entries,
                                       train_generator, training_scheduler)
 from medflare.fedst.losses import CrossDomainTerm
 from medflare.fedst.visual import synthetic_panel
@@ -185,7 +185,8 @@ class GeneratorTrainingExecutor(FedSTSiteExecutor):
         self.log_info(fl_ctx, f"round {rnd}: generator trained {len(losses)} steps in {seconds:.1f} s, L_simple "
                               f"{summary.get('first', float('nan')):.4f} -> {summary.get('last', float('nan')):.4f}")
         params = state_to_numpy(self.generator)
-        out = flatten({P.GEN: weight_diff(select_entries(params, upload), sent) if join else params})
+        diff = weight_diff(select_entries(params, upload), sent) if join else None
+        out = flatten({P.GEN: in_exchange_dtype(diff, self.diffusion.exchange_dtype) if join else params})
         check_finite(out, self.site)
         self.log_bytes(fl_ctx, "train_generator", incoming, out, rnd)
         n = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: len(self.data.train)}

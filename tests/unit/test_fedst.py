@@ -9,7 +9,7 @@ from monai.losses import DiceLoss, FocalLoss
 from monai.networks.schedulers import DDPMScheduler, RFlowScheduler
 from nvflare.app_common.abstract.fl_model import FLModel
 
-from medflare import ConfigError, DataError, ResultFileError
+from medflare import ConfigError, DataError, PayloadError, ResultFileError
 from medflare.common.payload import flatten, payload_bytes, state_to_numpy
 from medflare.common.results import describe, load_result
 from medflare.common.training import make_loader, make_loss, make_optimizer, train_epochs
@@ -343,7 +343,8 @@ def test_a_domain_exchange_averages_only_the_domain_modulation():
 def test_a_float16_exchange_halves_the_generator_bytes_and_the_server_keeps_float32():
     wide, narrow = (_join_controller({"diffusion": {"exchange_dtype": dtype}}) for dtype in ("float32", "float16"))
     assert narrow.predicted_generator_bytes() * 2 == wide.predicted_generator_bytes() > 0
-    assert narrow._on_the_wire(narrow.parts[P.GEN])[next(iter(narrow.parts[P.GEN]))].dtype == np.float16
+    assert all(v.dtype == np.float16 for v in narrow._on_the_wire(narrow.parts[P.GEN]).values())
+    assert all(v.dtype == np.float32 for v in wide._on_the_wire(wide.parts[P.GEN]).values())
     before = {k: v.copy() for k, v in narrow.parts[P.GEN].items()}
     diffs = [in_exchange_dtype({k: np.full_like(v, 0.25 * (i + 1)) for k, v in before.items()}, "float16") for i in range(2)]
     results = {s: FLModel(params=flatten({P.GEN: d})) for s, d in zip(narrow.site_names, diffs)}
@@ -351,6 +352,8 @@ def test_a_float16_exchange_halves_the_generator_bytes_and_the_server_keeps_floa
     assert all(after[k].dtype == before[k].dtype == np.float32 and np.allclose(after[k], before[k] + 0.375) for k in before)
     mixed = in_exchange_dtype({"w": np.ones(3, np.float32), "n": np.arange(3)}, "float16")
     assert mixed["w"].dtype == np.float16 and mixed["n"].dtype == np.arange(3).dtype
+    with pytest.raises(PayloadError, match=r"\['big'\] overflow .*'float16'"):  # would travel as inf
+        in_exchange_dtype({"w": np.ones(3, np.float32), "big": np.array([1e6], np.float32)}, "float16")
 
 
 def test_join_generator_bytes_counts_domain_only_exchanges():

@@ -30,7 +30,7 @@ from monai.networks.nets.diffusion_model_unet import DiffusionUNetResnetBlock
 from monai.networks.schedulers import DDIMScheduler, DDPMScheduler, RFlowScheduler, Scheduler
 from torch import nn
 
-from medflare import ConfigError, DataError, MedflareError
+from medflare import ConfigError, DataError, MedflareError, PayloadError
 from medflare.fedst.conditioning import DomainModulation, check_domain_vectors, domain_vectors, encode_labels
 from medflare.fedst.config import DiffusionConfig
 
@@ -79,9 +79,14 @@ def select_entries(state: Mapping[str, Any], part: str) -> dict[str, Any]:
 def in_exchange_dtype(state: Mapping[str, Any], dtype: str) -> dict[str, Any]:
     """The float entries of a generator state (or diff) cast to ``diffusion.exchange_dtype`` for the wire; integer
     entries as they are. The receiver casts back: ``load_numpy_state`` to the model's dtype, the server's
-    ``apply_diff`` to the global generator's float32."""
+    ``apply_diff`` to the global generator's float32. A finite value beyond the target's range (float16: 65504) raises
+    PayloadError naming the entries instead of travelling as inf, in both directions."""
     target = np.dtype(dtype)
-    return {k: v.astype(target) if np.issubdtype(np.asarray(v).dtype, np.floating) else v for k, v in state.items()}
+    out = {k: np.asarray(v).astype(target) if np.issubdtype(np.asarray(v).dtype, np.floating) else v for k, v in state.items()}
+    lost = [k for k, v in out.items() if v is not state[k] and not np.isfinite(v).all() and np.isfinite(state[k]).all()]
+    if lost:
+        raise PayloadError(f"generator entries {lost[:5]} overflow diffusion.exchange_dtype {dtype!r}; set it to 'float32'")
+    return out
 
 
 def proximal_anchor(generator: nn.Module) -> dict[str, torch.Tensor]:

@@ -185,8 +185,8 @@ class GeneratorTrainingExecutor(FedSTSiteExecutor):
         self.log_info(fl_ctx, f"round {rnd}: generator trained {len(losses)} steps in {seconds:.1f} s, L_simple "
                               f"{summary.get('first', float('nan')):.4f} -> {summary.get('last', float('nan')):.4f}")
         params = state_to_numpy(self.generator)
-        diff = weight_diff(select_entries(params, upload), sent) if join else None
-        out = flatten({P.GEN: in_exchange_dtype(diff, self.diffusion.exchange_dtype) if join else params})
+        out = flatten({P.GEN: in_exchange_dtype(weight_diff(select_entries(params, upload), sent), self.diffusion.exchange_dtype)
+                              if join else params})
         check_finite(out, self.site)
         self.log_bytes(fl_ctx, "train_generator", incoming, out, rnd)
         n = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: len(self.data.train)}

@@ -113,3 +113,13 @@ def compute_beside_the_runs():
         torch.set_num_threads(threads)
         yield threads
         torch.set_num_threads(before)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The machine the suite ran on, in the summary: a suite time means little without the cores and the load beside
+    it (issue 29 reports its time with both)."""
+    from medflare.common.compute import available_cores
+
+    one, five, fifteen = os.getloadavg()
+    terminalreporter.write_line(f"machine: {available_cores()} cores available; load average at the end "
+                                f"{one:.1f} / {five:.1f} / {fifteen:.1f} (1 / 5 / 15 min)")

@@ -94,12 +94,22 @@ def _aggregated(rows, rnd) -> bool:
 
 
 def _why(fed, ws: Path, job_id: str, keep: int = 40) -> str:
-    """What the server wrote about a job that ended otherwise than expected: the parent's WARNING/ERROR lines naming it
-    and those of the job's own log (``ws``, its downloaded workspace), the last ``keep`` of each."""
-    bad = (" WARNING ", " ERROR ", "return code")
+    """What the federation wrote about a job that ended otherwise than expected, the last ``keep`` lines of each part:
+    the server parent's WARNING/ERROR lines naming it and its "Failing job" lines (INFO: a site's job process that
+    ended with an error fails the job, FLARE's process_job_failure); every site's exit code of its job process, and
+    the end of its job log where that code is not 0; the job's own WARNING/ERROR lines (``ws``, its downloaded
+    workspace) and its last lines whatever their level."""
+    bad = (" WARNING ", " ERROR ", "return code", "Traceback", "Exception", "Failing job")
     parent = [line for line in _lines(fed.kit(fed.server) / "log.txt") if job_id in line and any(b in line for b in bad)]
-    own = [line for line in _lines(ws / "log.txt") if any(b in line for b in bad)]
-    return "\n".join(["server:", *parent[-keep:], f"job {job_id}:", *own[-keep:]])
+    out = ["server:", *parent[-keep:]]
+    for site in fed.sites:
+        ends = [line for line in _lines(fed.kit(site) / "log.txt") if job_id in line and "finished with RC" in line]
+        out += [f"{site}:", *ends]
+        if not ends or not ends[-1].endswith("RC 0"):
+            out += [f"{site}'s job log ends:", *_lines(fed.kit(site) / job_id / "log.txt")[-keep:]]
+    job_log = _lines(ws / "log.txt")
+    own = [line for line in job_log if any(b in line for b in bad)]
+    return "\n".join([*out, f"job {job_id}:", *own[-keep:], "its last lines:", *job_log[-keep:]])
 
 
 def _lines(path: Path) -> list[str]:
@@ -144,8 +154,9 @@ def test_jobs_go_on_without_a_dead_site(fed, sess):
             # cause is accepted, and the checks below prove every round was aggregated
             server_log = "\n".join(_lines(fed.kit(fed.server) / "log.txt"))
             assert f"Failing job {job_id}: terminal outcome unavailable from {victim}: client dead" in server_log, (name, meta["status"])
-        else:
-            assert meta["status"] == "FINISHED:COMPLETED", (name, meta["status"], _why(fed, ws, job_id))
+        elif meta["status"] != "FINISHED:COMPLETED":
+            # pytest.fail prints the whole text (an assert's message is cut to a few hundred characters in the summary)
+            pytest.fail(f"{name}: {meta['status']}\n{_why(fed, ws, job_id)}", pytrace=False)
         rows = _rows(ws / MODELS)
         contribs = [r for r in rows if r["event"] == "contribution"]
         aggregates = {r["round"]: r for r in rows if r["event"] == "aggregate"}

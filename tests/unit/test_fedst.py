@@ -345,6 +345,7 @@ def test_a_float16_exchange_halves_the_generator_bytes_and_the_server_keeps_floa
     assert narrow.predicted_generator_bytes() * 2 == wide.predicted_generator_bytes() > 0
     assert all(v.dtype == np.float16 for v in narrow._on_the_wire(narrow.parts[P.GEN]).values())
     assert all(v.dtype == np.float32 for v in wide._on_the_wire(wide.parts[P.GEN]).values())
+    assert all(v is wide.parts[P.GEN][k] for k, v in wide._on_the_wire(wide.parts[P.GEN]).items())  # float32: no copy
     before = {k: v.copy() for k, v in narrow.parts[P.GEN].items()}
     diffs = [in_exchange_dtype({k: np.full_like(v, 0.25 * (i + 1)) for k, v in before.items()}, "float16") for i in range(2)]
     results = {s: FLModel(params=flatten({P.GEN: d})) for s, d in zip(narrow.site_names, diffs)}

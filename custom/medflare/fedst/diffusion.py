@@ -80,10 +80,17 @@ def in_exchange_dtype(state: Mapping[str, Any], dtype: str) -> dict[str, Any]:
     """The float entries of a generator state (or diff) cast to ``diffusion.exchange_dtype`` for the wire; integer
     entries as they are. The receiver casts back: ``load_numpy_state`` to the model's dtype, the server's
     ``apply_diff`` to the global generator's float32. A finite value beyond the target's range (float16: 65504) raises
-    PayloadError naming the entries instead of travelling as inf, in both directions."""
-    target = np.dtype(dtype)
-    out = {k: np.asarray(v).astype(target) if np.issubdtype(np.asarray(v).dtype, np.floating) else v for k, v in state.items()}
-    lost = [k for k, v in out.items() if v is not state[k] and not np.isfinite(v).all() and np.isfinite(state[k]).all()]
+    PayloadError naming the entries instead of travelling as inf, in both directions. An entry already in ``dtype``
+    (float32, the default) is passed on as it is, neither copied nor scanned."""
+    target, out, lost = np.dtype(dtype), {}, []
+    for k, v in state.items():
+        a = np.asarray(v)
+        if np.issubdtype(a.dtype, np.floating):
+            cast = a.astype(target, copy=False)
+            if cast is not a and not np.isfinite(cast).all() and np.isfinite(a).all():
+                lost.append(k)
+            v = cast
+        out[k] = v
     if lost:
         raise PayloadError(f"generator entries {lost[:5]} overflow diffusion.exchange_dtype {dtype!r}; set it to 'float32'")
     return out

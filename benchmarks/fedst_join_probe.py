@@ -3,6 +3,7 @@
     python benchmarks/fedst_join_probe.py --mode fed --local-steps 10 --steps 240 [--preset fedst_tiny]
         [--sites site-1,site-2] [--lr 2e-3] [--domain-lr 2e-2] [--maps 24] [--seed 0] [--out FILE.jsonl]
         [--full-every 40 --sync-layers domain] [--prox-mu 1] [--keep-other-domains 1] [--exchange-dtype float16]
+        [--domain-init-std 1.0]
 
 One process, no FLARE, the package's own modules (``medflare.fedst.diffusion`` / ``conditioning``): the generator of the
 preset (``diffusion`` section) is trained on the ``--sites``' training images (N sites, two by default), each with its
@@ -172,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sites", default="site-1,site-2")
     p.add_argument("--lr", type=float, default=None, help="default: the preset's diffusion.lr")
     p.add_argument("--domain-lr", type=float, default=None, help="default: the preset's diffusion.domain_lr")
+    p.add_argument("--domain-init-std", type=float, default=None,
+                   help="diffusion.generator.domain_init_std: initial weight std of the domain modulation (default: the preset's)")
     p.add_argument("--maps", type=int, default=24, help="label maps per site drawn with each domain vector")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="append one JSON line per run here")
@@ -180,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     full_every = args.full_every or args.local_steps
     cfg = get_preset(args.preset, {"diffusion": {**({"lr": args.lr} if args.lr else {}),
                                                  **({"domain_lr": args.domain_lr} if args.domain_lr else {}),
+                                                 **({"generator": {"domain_init_std": args.domain_init_std}}
+                                                    if args.domain_init_std is not None else {}),
                                                  "steps_per_round": full_every, "sync_steps": args.local_steps,
                                                  "sync_layers": args.sync_layers, "prox_mu": args.prox_mu}})
     sites = args.sites.split(",")
@@ -208,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
            "generator_bytes": generator_nbytes(generator),
            "bytes_per_site": getattr(args, "bytes_per_site", 0) if fed else None,
            "steps": args.steps, "lr": cfg["diffusion"]["lr"], "domain_lr": cfg["diffusion"]["domain_lr"],
+           "domain_init_std": cfg["diffusion"]["generator"].get("domain_init_std", 0.02),
            "preset": args.preset, "seed": args.seed, "sites": sites, "real": real, "drawn": drawn,
            "separated": separated(drawn, real, sites) if len(sites) == 2 else None,
            "style_error": style_error(drawn, real, sites), "mixture_error": mixture_error(real, sites),
@@ -217,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     fmt = lambda v: " / ".join(f"{x:.3f}" for x in v)  # noqa: E731
     print(f"{args.mode} K={row['local_steps']} full_every={row['full_every']} sync_layers={row['sync_layers']} "
           f"prox_mu={row['prox_mu']} keep_other_domains={row['keep_other_domains']} R={row['rounds']} steps={args.steps} lr={row['lr']} domain_lr={row['domain_lr']} "
+          f"domain_init_std={row['domain_init_std']} "
           f"train {train_s:.0f}s load {row['load_avg']} L {row['loss_first10']:.3f}->{row['loss_last10']:.3f} "
           f"generator bytes per site {row['bytes_per_site']} (G = {row['generator_bytes']})")
     for s in sites:

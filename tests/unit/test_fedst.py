@@ -319,12 +319,28 @@ def test_join_bytes_predicted_match_what_each_exchange_moves(sync_layers):
     ctrl = _join_controller({"diffusion": {"sync_layers": sync_layers}})
     gen = ctrl._on_the_wire(ctrl.parts[P.GEN])  # fedst_tiny sends float16
     G, D = payload_bytes(gen), payload_bytes(select_entries(gen, "domain"))
+    plan = ctrl.plan(ctrl.rounds_in_job - 1)
     per_round = sum(payload_bytes(flatten({P.GEN: select_entries(gen, down)})) + payload_bytes(flatten({P.GEN: select_entries(gen, up)}))
-                    for _, down, up in ctrl.plan)
+                    for _, down, up in plan)
     assert ctrl.predicted_generator_bytes() == len(ctrl.site_names) * ctrl.rounds_in_job * per_round
-    E = len(ctrl.plan)
+    E = len(plan)
     assert per_round == (2 * E * G if sync_layers == "all" else 2 * G + 2 * (E - 1) * D)
     assert ctrl.cost_terms()["domain_only_exchanges"] == (0 if sync_layers == "all" else ctrl.rounds_in_job * (E - 1))
+
+
+def test_warmup_sync_steps_split_only_the_generator_only_rounds():
+    cfg = {"steps_per_round": 100, "sync_steps": 34, "warmup_rounds": 3}
+    assert exchange_steps(DiffusionConfig.from_dict(cfg), warmup=True) == [34, 34, 32]  # null: the rounds' own split
+    cfg["warmup_sync_steps"] = 20
+    assert exchange_steps(DiffusionConfig.from_dict(cfg), warmup=True) == [20] * 5
+    assert exchange_steps(DiffusionConfig.from_dict(cfg)) == [34, 34, 32]
+    ctrl = _join_controller({"diffusion": {"steps_per_round": 100, "sync_steps": 34, "warmup_sync_steps": 20, "warmup_rounds": 2}})
+    assert [len(ctrl.plan(r)) for r in range(ctrl.rounds_in_job)] == [5, 5] + [3] * ctrl.num_rounds
+    assert ctrl.exchanges_in_job == 10 + 3 * ctrl.num_rounds
+    g = ctrl.generator_size()
+    assert ctrl.predicted_generator_bytes() == 2 * len(ctrl.site_names) * ctrl.exchanges_in_job * g
+    with pytest.raises(ConfigError, match="'diffusion.warmup_sync_steps'"):
+        DiffusionConfig.from_dict({"warmup_sync_steps": -1})
 
 
 def test_a_domain_exchange_averages_only_the_domain_modulation():
@@ -507,3 +523,27 @@ def test_a_generator_file_from_another_preset_is_refused(tmp_path):
     torch.save({"train_conf": {"medflare": describe("fedst_tiny")}, "model": state_to_numpy(build_from_spec(get_preset("fedst_tiny")["model"]))}, plain)
     with pytest.raises(ResultFileError, match="not a FedST"):
         load_fedst_result(plain)
+
+
+def test_domain_init_std_sets_the_spread_of_the_domain_modulation_at_start():
+    """``diffusion.generator.domain_init_std`` reaches every DomainModulation of a join generator through the saved
+    constructor arguments; with 0 every domain vector draws through the same (unmodulated) network at start."""
+    def gen(std):
+        cfg = DiffusionConfig.from_dict({"generator": {"channels": [8, 8], "attention_levels": [False, False],
+                                                       "norm_num_groups": 4, "num_head_channels": 4, "domain_init_std": std}})
+        torch.manual_seed(0)
+        g = build_style_generator(generator_args(cfg, 1, 3, num_domains=3))
+        for p in g.unet.out.parameters():  # MONAI starts the output convolution at zero; make the output see the features
+            torch.nn.init.normal_(p, std=0.1)
+        return g
+
+    stds = {std: [float(m.proj.weight.detach().std()) for m in gen(std).modulation] for std in (0.02, 1.0)}
+    assert all(0.5 < s < 1.5 for s in stds[1.0]) and all(s < 0.05 for s in stds[0.02]), stds
+    flat = gen(0.0)
+    x, t = torch.randn(2, 4, 8, 8), torch.tensor([10, 10])
+    same = flat(x, t, domain=domain_vectors(0, 3, 2)), flat(x, t, domain=domain_vectors(2, 3, 2))
+    assert torch.equal(*same)
+    wide = gen(1.0)
+    assert not torch.allclose(wide(x, t, domain=domain_vectors(0, 3, 2)), wide(x, t, domain=domain_vectors(2, 3, 2)))
+    with pytest.raises(ConfigError, match="'diffusion.generator.domain_init_std'"):
+        DiffusionConfig.from_dict({"generator": {"domain_init_std": -1}})

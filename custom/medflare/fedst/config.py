@@ -37,7 +37,12 @@ class GeneratorSettings(Section):
     :func:`medflare.fedst.diffusion.generator_args`).
 
     Keys: channels (per level, default [16, 32, 32]), num_res_blocks (an int or one per level, default 1),
-    attention_levels (per level, default all false), norm_num_groups (8), num_head_channels (an int or one per level, 8).
+    attention_levels (per level, default all false), norm_num_groups (8), num_head_channels (an int or one per level, 8);
+    domain_init_std: FedST-join only, the standard deviation of the initial weights of the domain modulation
+    (:class:`medflare.fedst.conditioning.DomainModulation`; default 0.02, every domain starting close to the
+    unmodulated UNet). 1.0 (domains distinct from the start) made the six report sites' generator draw site-2's
+    inverted style at seed 3 where 0.02 drew it flat, but the segmentation scored 63.11 against 74.31 (seed 0: 76.88
+    against 76.89; benchmarks/RESULTS_fedst.md "Seed 3 at full scale"), so no preset sets it.
     """
 
     channels: list = setting([16, 32, 32], Items(Int(1), min_items=1))
@@ -45,6 +50,7 @@ class GeneratorSettings(Section):
     attention_levels: list = setting([False, False, False], Items(Bool(), min_items=1))
     norm_num_groups: int = setting(8, Int(1))
     num_head_channels: int | list = setting(8, Check(_per_level))
+    domain_init_std: float = setting(0.02, NON_NEGATIVE)
 
     def check(self) -> None:
         if len(self.attention_levels) != len(self.channels):
@@ -87,6 +93,12 @@ class DiffusionConfig(Section):
             exchanges in its rounds of 100 steps, with ``exchange_dtype`` float16; ``fedst_tiny`` (two sites) sets 0
             with ``keep_other_domains`` 5, which follows style at two sites but not at six (issue 32,
             benchmarks/RESULTS_fedst.md "Six sites").
+        warmup_sync_steps: FedST-join: ``sync_steps`` in the ``warmup_rounds`` (generator-only rounds, where no
+            segmentation bytes travel); null = ``sync_steps``. More averages while the domain modulation forms, at a
+            generator exchange's bytes each (2 G per site). Measured at the report's six sites (issue 32,
+            benchmarks/RESULTS_fedst.md "Seed 3 at full scale"): 20 with ``fedst``'s 34 (five
+            averages in each of its three warm-up rounds, 4.9x FedST-separate's bytes) drew the same styles as null
+            and scored lower (seeds 3 / 0: 63.68 / 76.23 against 74.31 / 76.89), so no preset sets it. Default null.
         sync_layers: FedST-join: what an exchange within a round averages. "all": the whole generator every exchange
             (2 G per site and exchange). "domain": only the domain modulation (``modulation.*``, 1-3 % of G) every
             ``sync_steps`` steps, the whole generator once per round (the round's first exchange downloads all of it,
@@ -125,6 +137,7 @@ class DiffusionConfig(Section):
     warmup_steps: int = setting(400, Int(0))
     steps_per_round: int = setting(100, Int(0))
     sync_steps: int = setting(5, Int(0))
+    warmup_sync_steps: int | None = setting(None, OrNone(Int(0)))
     sync_layers: str = setting("all", OneOf(SYNC_LAYERS))
     prox_mu: float = setting(0.0, NON_NEGATIVE)
     keep_other_domains: float = setting(0.0, NON_NEGATIVE)

@@ -97,7 +97,6 @@ class FedSTController(SiteRounds):
         self.lam = self.fedst.cds_lambda
         self.refresh_every = self.fedst.refresh(self.variant)
         self.diffusion = DiffusionConfig.from_preset(cfg)
-        self.plan = exchange_plan(self.diffusion)  # FedST-join: (local steps, part down, part up) of each exchange in a round
         self.key_metric = cfg["eval"]["key_metric"]
         if not persistor_id:
             raise ConfigError(f"{name}: 'persistor_id' must name the job's FedSTPersistor (it saves the style store / generator)")
@@ -349,6 +348,11 @@ class FedSTJoinController(FedSTController):
     def rounds_in_job(self) -> int:
         return self.diffusion.warmup_rounds + self.num_rounds
 
+    def plan(self, rnd: int) -> list[tuple[int, str, str]]:
+        """(local steps, part down, part up) of each generator exchange in round ``rnd``: a generator-only round
+        splits its steps by ``diffusion.warmup_sync_steps`` where set (:func:`~medflare.fedst.diffusion.exchange_plan`)."""
+        return exchange_plan(self.diffusion, warmup=rnd < self.diffusion.warmup_rounds)
+
     def run(self) -> None:
         self._start()
         warmup = self.diffusion.warmup_rounds
@@ -356,10 +360,11 @@ class FedSTJoinController(FedSTController):
                   f"refresh every {self.refresh_every or 'never'}")
         for rnd in range(self.rounds_in_job):
             self.start_round(rnd, self.rounds_in_job)
-            for exchange, (steps, down, up) in enumerate(self.plan):
+            plan = self.plan(rnd)
+            for exchange, (steps, down, up) in enumerate(plan):
                 sent = flatten({P.GEN: self._on_the_wire(select_entries(self.parts[P.GEN], down))})
                 payloads = {s: FLModel(params_type=ParamsType.FULL, params=sent, current_round=rnd,
-                                       meta=self._meta(**{P.STEPS: steps, P.EXCHANGE: exchange, P.EXCHANGES: len(self.plan),
+                                       meta=self._meta(**{P.STEPS: steps, P.EXCHANGE: exchange, P.EXCHANGES: len(plan),
                                                           P.UPLOAD: up}))
                             for s in self.site_names}
                 results = self._send(self.generator_task, payloads, rnd, "generator")
@@ -369,7 +374,7 @@ class FedSTJoinController(FedSTController):
                     self._note_site(site, res)
                 self.parts[P.GEN] = self._combine_generator(results, up)
             losses = {s: generator_summary(r).get("loss_mean") for s, r in results.items()}
-            self.info(f"round {rnd}: join generator averaged over {sorted(results)} {len(self.plan)} time(s) "
+            self.info(f"round {rnd}: join generator averaged over {sorted(results)} {len(plan)} time(s) "
                       f"({self.diffusion.sync_layers} layers); "
                       f"mean L_simple per site in the last exchange {losses}")
             if rnd < warmup:
@@ -404,14 +409,17 @@ class FedSTJoinController(FedSTController):
 
     @property
     def exchanges_in_job(self) -> int:
-        """Generator exchanges (download + diff upload per site) in the whole job: ``diffusion.sync_steps`` splits a round."""
-        return self.rounds_in_job * len(self.plan)
+        """Generator exchanges (download + diff upload per site) in the whole job: ``diffusion.sync_steps`` splits a round
+        (``warmup_sync_steps`` a generator-only one)."""
+        return sum(len(self.plan(rnd)) for rnd in range(self.rounds_in_job))
 
     @property
     def partial_exchanges_in_job(self) -> int:
         """Of :attr:`exchanges_in_job`, those that move only the domain modulation (``diffusion.sync_layers`` "domain":
         all but one per round; the round's first and last exchanges together move the whole generator once each way)."""
-        return self.rounds_in_job * (len(self.plan) - 1) if self.diffusion.sync_layers == DOMAIN else 0
+        if self.diffusion.sync_layers != DOMAIN:
+            return 0
+        return sum(len(self.plan(rnd)) - 1 for rnd in range(self.rounds_in_job))
 
     def domain_size(self) -> int:
         return nbytes(self._on_the_wire(select_entries(self.parts[P.GEN], DOMAIN)))

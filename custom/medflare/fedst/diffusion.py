@@ -39,16 +39,19 @@ DOMAIN_PREFIX = "modulation."
 ALL, DOMAIN = "all", "domain"
 
 
-def exchange_steps(cfg: DiffusionConfig) -> list[int]:
+def exchange_steps(cfg: DiffusionConfig, warmup: bool = False) -> list[int]:
     """FedST-join: the local steps of each generator exchange in one round -- ``steps_per_round`` split into chunks
-    of ``sync_steps`` (the last one shorter), or one exchange of all of them when ``sync_steps`` is 0."""
-    steps, sync = cfg.steps_per_round, cfg.sync_steps
+    of ``sync_steps`` (the last one shorter), or one exchange of all of them when ``sync_steps`` is 0. In a
+    generator-only round (``warmup``, the first ``warmup_rounds``) the chunks are ``warmup_sync_steps`` where set:
+    more averages while the domain modulation forms, when no segmentation bytes travel."""
+    steps = cfg.steps_per_round
+    sync = cfg.warmup_sync_steps if warmup and cfg.warmup_sync_steps is not None else cfg.sync_steps
     if sync == 0 or sync >= steps:
         return [steps]
     return [sync] * (steps // sync) + ([steps % sync] if steps % sync else [])
 
 
-def exchange_plan(cfg: DiffusionConfig) -> list[tuple[int, str, str]]:
+def exchange_plan(cfg: DiffusionConfig, warmup: bool = False) -> list[tuple[int, str, str]]:
     """FedST-join: ``(local steps, what goes down, what comes back up)`` for each generator exchange of a round, the
     parts being "all" (the whole generator) or "domain" (only its ``modulation.*`` entries).
 
@@ -57,7 +60,7 @@ def exchange_plan(cfg: DiffusionConfig) -> list[tuple[int, str, str]]:
     between them the site keeps its own shared layers (so the whole-generator diff of the last exchange covers the
     round's local steps on the shared layers). A round of one exchange moves the whole generator both ways.
     """
-    steps = exchange_steps(cfg)
+    steps = exchange_steps(cfg, warmup)
     if cfg.sync_layers == ALL:
         return [(n, ALL, ALL) for n in steps]
     last = len(steps) - 1
@@ -132,6 +135,7 @@ class StyleGenerator(nn.Module):
         channels, num_res_blocks, attention_levels, norm_num_groups, num_head_channels: MONAI
             ``DiffusionModelUNet`` arguments (2D). Defaults: a small CPU-friendly UNet (those of
             :class:`medflare.fedst.config.GeneratorSettings`).
+        domain_init_std: initial weight std of the domain modulation (:class:`DomainModulation`). Default 0.02.
 
     ``forward(x, timesteps, context=None, domain=None)``: x (B, image_channels + num_classes, H, W) = noisy image
     then label channels (what ``DiffusionInferer`` passes in ``"concat"`` mode), timesteps (B,) or (1,), domain
@@ -149,6 +153,7 @@ class StyleGenerator(nn.Module):
         attention_levels: Sequence[bool] = (False, False, False),
         norm_num_groups: int = 8,
         num_head_channels: int | Sequence[int] = 8,
+        domain_init_std: float = 0.02,
     ):
         super().__init__()
         for key, value, low in (("image_channels", image_channels, 1), ("num_classes", num_classes, 2), ("num_domains", num_domains, 0)):
@@ -167,7 +172,7 @@ class StyleGenerator(nn.Module):
         self._slot: dict[str, torch.Tensor | None] = {"domain": None}
         if num_domains:
             blocks = [m for m in self.unet.modules() if isinstance(m, DiffusionUNetResnetBlock)]
-            self.modulation = nn.ModuleList(DomainModulation(num_domains, b.out_channels) for b in blocks)
+            self.modulation = nn.ModuleList(DomainModulation(num_domains, b.out_channels, domain_init_std) for b in blocks)
             for block, mod in zip(blocks, self.modulation):
                 block.register_forward_hook(_Modulate(mod, self._slot))
 

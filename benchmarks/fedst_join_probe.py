@@ -187,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                                                     if args.domain_init_std is not None else {}),
                                                  "steps_per_round": full_every, "sync_steps": args.local_steps,
                                                  "sync_layers": args.sync_layers, "prox_mu": args.prox_mu}})
+    diffusion = DiffusionConfig.from_preset(cfg)
     sites = args.sites.split(",")
     datas = {s: load_site(s, cfg["data"]) for s in sites}
     first = datas[sites[0]]
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in sites:
         maps[s], real[s] = real_maps_and_means(datas[s], args.maps)
     drawn = {}
-    sampler = sampling_scheduler(DiffusionConfig.from_preset(cfg))
+    sampler = sampling_scheduler(diffusion)
     for k, style in enumerate(sites):
         for s in sites:
             images = sample_images(generator, sampler, maps[s], domain_index=k, seed=args.seed)
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
            "generator_bytes": generator_nbytes(generator),
            "bytes_per_site": getattr(args, "bytes_per_site", 0) if fed else None,
            "steps": args.steps, "lr": cfg["diffusion"]["lr"], "domain_lr": cfg["diffusion"]["domain_lr"],
-           "domain_init_std": cfg["diffusion"]["generator"].get("domain_init_std", 0.02),
+           "domain_init_std": diffusion.generator["domain_init_std"],
            "preset": args.preset, "seed": args.seed, "sites": sites, "real": real, "drawn": drawn,
            "separated": separated(drawn, real, sites) if len(sites) == 2 else None,
            "style_error": style_error(drawn, real, sites), "mixture_error": mixture_error(real, sites),

@@ -202,8 +202,8 @@ def test_fedst_join_with_percentile_privacy_on_the_generator_diffs(join_run, tmp
     _check_drawn_style(run)
     _check_style_transfer(run)
     # the generator's diffs passed the site's result filter like the segmentation diffs (FLARE's PercentilePrivacy)
-    warmup = get_preset(PRESET)["diffusion"]["warmup_rounds"]
-    exchanges = len(exchange_steps(DiffusionConfig.from_preset(get_preset(PRESET)))) * (warmup + ROUNDS)  # diffusion.sync_steps splits a round
+    diffusion = DiffusionConfig.from_preset(get_preset(PRESET))  # sync_steps splits a round, warmup_sync_steps a warm-up one
+    exchanges = len(exchange_steps(diffusion, warmup=True)) * diffusion.warmup_rounds + len(exchange_steps(diffusion)) * ROUNDS
     assert run.log.count("train_generator: site-1 sent") == exchanges
     assert run.log.count("result filters ['PercentilePrivacy']") >= len(CLIENTS) * (exchanges + ROUNDS)
 

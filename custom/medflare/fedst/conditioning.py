@@ -91,15 +91,15 @@ class DomainModulation(nn.Module):
     Args:
         num_domains: length of the domain vector (the number of sites). Must be >= 1.
         channels: channels of the feature map it modulates.
-        init_std: standard deviation of the linear map's initial weights (``diffusion.generator.domain_init_std``).
-            Default 0.02.
+        init_std: standard deviation of the linear map's initial weights (``diffusion.generator.domain_init_std``,
+            whose default is the one home of 0.02).
 
     ``forward(h, domain)``: h (B, channels, *spatial), domain (B, num_domains) -> ``h * (1 + s) + b`` where
     ``[s, b] = Linear(domain)``. The linear map starts at random weights (std ``init_std``) and zero bias: with the
-    default 0.02 an untrained generator starts close to the unmodulated UNet and each domain nudges it differently.
+    setting's default 0.02 an untrained generator starts close to the unmodulated UNet and each domain nudges it differently.
     """
 
-    def __init__(self, num_domains: int, channels: int, init_std: float = 0.02):
+    def __init__(self, num_domains: int, channels: int, init_std: float):
         super().__init__()
         if num_domains < 1 or channels < 1 or init_std < 0:
             raise ValueError(f"DomainModulation needs num_domains >= 1, channels >= 1 and init_std >= 0, got {num_domains}, "

@@ -135,7 +135,8 @@ class StyleGenerator(nn.Module):
         channels, num_res_blocks, attention_levels, norm_num_groups, num_head_channels: MONAI
             ``DiffusionModelUNet`` arguments (2D). Defaults: a small CPU-friendly UNet (those of
             :class:`medflare.fedst.config.GeneratorSettings`).
-        domain_init_std: initial weight std of the domain modulation (:class:`DomainModulation`). Default 0.02.
+        domain_init_std: initial weight std of the domain modulation (:class:`DomainModulation`). Default 0.02, the
+            setting's: :func:`generator_args` always passes it; the default serves files saved before the setting.
 
     ``forward(x, timesteps, context=None, domain=None)``: x (B, image_channels + num_classes, H, W) = noisy image
     then label channels (what ``DiffusionInferer`` passes in ``"concat"`` mode), timesteps (B,) or (1,), domain

@@ -2,7 +2,7 @@
 federated protocol.
 
     python benchmarks/fediod_benchmark.py --table cls      [--sites 4] [--rounds R] [--betas 1,0.1]
-    python benchmarks/fediod_benchmark.py --table seg      [--seg-sites 6] [--seg-rounds 10] [--seeds 0,1,2] [--variants preset,paper]
+    python benchmarks/fediod_benchmark.py --table seg      [--seg-sites 6] [--seg-rounds 10] [--seeds 0,1,2] [--variants preset,paper,preset+lambda_gan=20]
     python benchmarks/fediod_benchmark.py --table segdiag  [--seg-sites 6] [--seg-rounds R] [--variants preset,...]
     python benchmarks/fediod_benchmark.py --table ablation [--beta 0.1]
     python benchmarks/fediod_benchmark.py --table dp       [--sigmas 0,1,4,16,64]
@@ -416,26 +416,36 @@ _SEG_CHANGES: dict[str, dict[str, Any]] = {
 
 
 def seg_variant(name: str) -> dict[str, Any]:
-    """The fediod changes of ``name``: "preset", "paper", or "+"-joined names of :data:`_SEG_CHANGES` on SEG_PAPER
-    (e.g. ``weights+styles+label3+student_label3+replay``, the shipped fediod_seg)."""
-    if name == "preset":
-        return {}
-    out = dict(SEG_PAPER)
-    for part in name.split("+"):
-        if part == "paper":
+    """The fediod changes of ``name``: "+"-joined parts on SEG_PAPER, or on the shipped preset when the first part is
+    "preset" ("preset" alone = the shipped fediod_seg). A part is "paper", a name of :data:`_SEG_CHANGES` (e.g.
+    ``weights+styles+label3+student_label3+replay``, what the shipped fediod_seg changes of the paper) or a
+    ``key=value`` override of the fediod section (``preset+lambda_gan=20``; ``styles`` and ``upsample`` set the
+    generator's arguments)."""
+    parts = name.split("+")
+    out = {} if parts[0] == "preset" else dict(SEG_PAPER)
+    for part in parts:
+        if part in ("paper", "preset"):
             continue
-        if part not in _SEG_CHANGES:
-            raise SystemExit(f"unknown variant part '{part}' in '{name}' (known: paper, preset, {', '.join(_SEG_CHANGES)})")
-        out.update(_SEG_CHANGES[part])
+        if "=" in part:
+            out.update(parse_overrides(part))
+        elif part in _SEG_CHANGES:
+            out.update(_SEG_CHANGES[part])
+        else:
+            raise SystemExit(f"unknown variant part '{part}' in '{name}' (known: paper, preset, key=value, {', '.join(_SEG_CHANGES)})")
     return out
+
+
+#: variant keys that are arguments of the label generator, not of the fediod section
+_GENERATOR_ARGS = ("styles", "upsample")
 
 
 def seg_overrides(cfg: Mapping[str, Any], variant: Mapping[str, Any]) -> dict[str, Any]:
     """A variant (:func:`seg_variant`) as a fediod section override of ``cfg``'s preset."""
     ov = dict(variant)
-    if "styles" in ov:
+    gen_args = {k: ov.pop(k) for k in _GENERATOR_ARGS if k in ov}
+    if gen_args:
         gen = cfg["fediod"]["generator"]
-        ov["generator"] = {"name": gen["name"], "args": {**gen.get("args", {}), "styles": ov.pop("styles")}}
+        ov["generator"] = {"name": gen["name"], "args": {**gen.get("args", {}), **gen_args}}
     return ov
 
 
@@ -670,7 +680,8 @@ def main(argv=None) -> int:
     p.add_argument("--site2-resnet8", action="store_true", help="curve: site-2's teacher a ResNet-8 8/16/32 (the e2e test's)")
     p.add_argument("--seg-preset", default="fediod_seg")
     p.add_argument("--variants", default="preset", help="seg, segdiag: comma-separated FedIOD-seg variants: preset, paper, or "
-                   f"'+'-joined changes of the paper's settings ({', '.join(_SEG_CHANGES)}); see seg_variant. curve: preset, or "
+                   f"'+'-joined changes of the paper's settings ({', '.join(_SEG_CHANGES)}) or key=value overrides, on the "
+                   "paper's settings or after 'preset' (preset+lambda_gan=20); see seg_variant. curve: preset, or "
                    "'+'-joined key=value overrides of the fediod section (student_steps=1+replay_size=0); see parse_overrides")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--paper", action="store_true", help="paper scale: fediod_cls_paper / fediod_seg_paper, 20 sites, 300 rounds")

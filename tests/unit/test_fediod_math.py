@@ -141,3 +141,25 @@ def test_styled_label_generator_gives_the_label_map_once_per_code():
     with pytest.raises(ConfigError, match="style"):
         G.condition(y)
     assert LabelGenerator(num_classes=3, width=4, blocks=1).condition(y).shape == (2, 4, 8, 8)  # the paper's G unchanged
+
+
+def test_label_generator_resize_upsampling_has_no_transposed_convolution():
+    """``upsample="resize"`` doubles the resolution by a nearest resize and a 3x3 convolution (no stride-2 transposed
+    convolution, whose uneven overlap draws a checkerboard); same output shape and range; a wrong name is refused."""
+    from medflare import ConfigError
+    from medflare.nets.gan import LabelGenerator
+
+    torch.manual_seed(0)
+    y = torch.randint(0, 3, (2, 1, 16, 16))
+    shapes = {}
+    for mode in ("deconv", "resize"):
+        G = LabelGenerator(num_classes=3, width=4, blocks=1, downsamplings=2, upsample=mode)
+        transposed = [m for m in G.modules() if isinstance(m, torch.nn.ConvTranspose2d)]
+        assert len(transposed) == (2 if mode == "deconv" else 0)
+        assert (len([m for m in G.modules() if isinstance(m, torch.nn.Upsample)]) == 2) == (mode == "resize")
+        x = G(G.condition(y))
+        shapes[mode] = tuple(x.shape)
+        assert float(x.min()) >= 0.0 and float(x.max()) <= 1.0
+    assert shapes["deconv"] == shapes["resize"] == (2, 1, 16, 16)
+    with pytest.raises(ConfigError, match="upsample"):
+        LabelGenerator(num_classes=3, width=4, blocks=1, upsample="bilinear")

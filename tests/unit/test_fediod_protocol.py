@@ -35,7 +35,7 @@ def _setup(task, ensemble="eq8", lam=None, privacy=None):
     if task == "segmentation":  # two architectures: UNets of different depth
         teachers = [build_unet(1, C, [4, 8], [2]).eval(), build_unet(1, C, [4, 8, 8], [2, 2]).eval()]
         G, student = LabelGenerator(C, 1, width=4, blocks=1, styles=styles), build_unet(1, C, [4, 8], [2])
-        critic_in = 1 + C
+        critic_in = 1 + C if cfg.conditional_critic else 1
     else:  # two architectures: ResNet-8 and ConvNet
         teachers = [ResNet8(1, C, (4, 8, 8)).eval(), ConvNet(1, C, S, width=8).eval()]
         G, student = LatentGenerator(latent_dim=8, image_size=S, width=8), ResNet8(1, C, (4, 8, 8))
@@ -59,7 +59,8 @@ def _single_process_grad(window, ref, cfg, task, drop=()):
     y = window.y[0] if window.y is not None else None
     keep = [k for k in range(2) if f"site-{k}" not in drop]
     z, prior = zip(*[forward_with_bn_prior(ref["T"][k], x) for k in keep])
-    crit = lambda k, img, lab: ref["D"][k](torch.cat([one_hot(lab, C), img], 1) if task == "segmentation" else img)  # noqa: E731
+    conditional = task == "segmentation" and cfg.conditional_critic
+    crit = lambda k, img, lab: ref["D"][k](torch.cat([one_hot(lab, C), img], 1) if conditional else img)  # noqa: E731
     means, logits = [], []
     for k in keep:
         real = next(_real(k, task))
@@ -105,6 +106,7 @@ def _federated_grad(dist, fed):
     ("segmentation", "eq8", {"lambda_conf": 0.3}),
     ("segmentation", "eq8", {"styles": 3, "lambda_label": 0.8, "student_label": 1.0, "lambda_gan": 2.0}),
     ("segmentation", "labels", {"styles": 2, "lambda_label": 1.0}),
+    ("segmentation", "eq8", {"styles": 3, "lambda_label": 0.8, "lambda_gan": 2.0, "conditional_critic": False}),
 ])
 def test_federated_generator_gradient_equals_single_process(task, ensemble, lam):
     dist, fed, ref, cfg = _setup(task, ensemble, lam)

@@ -19,6 +19,9 @@ defaults below fill the keys a preset leaves out.
                                    # (not the paper; 0 = off)
       "student_label": 0.0,        # segmentation: the student's cross-entropy to the conditioning label map, added to
                                    # L_mimic (not the paper; 0 = off)
+      "conditional_critic": true,  # segmentation: D_k judges (label map, image) pairs (pix2pix); false = the image alone
+                                   # (the server's label maps are not the site's, so a conditional D_k also tells them
+                                   # apart by their shapes, which G cannot change; jobs/fediod_seg/README.md)
       "ensemble": "eq8",           # Eq. 8 weights | "labels" (label factor only) | "mean" (1/K); Table 6/7 ablation
       "gan_weighting": "data_size",  # G's GAN terms weighted by pi_k (Eq. 2) | "uniform" (Table 6 "Avg")
       "student_steps": 1,          # student steps per generated batch: 1 = Algorithm 1; each further step trains S on
@@ -44,7 +47,7 @@ class FedIODConfig(Section):
     """Distillation settings; each key's meaning in the module docstring. Defaults: generator
     ``latent_generator`` (latent_dim 100, width 64), discriminator ``patch_critic`` (width 32, 2 layers), batch_size 64,
     steps_per_window 8, windows_per_round 4, tau 1, mimic_tau 0, lambda_conf / lambda_unique / lambda_mimic / lambda_gan 1,
-    lambda_balance 0, lambda_bn 0, lambda_label 0, student_label 0, ensemble "eq8", gan_weighting "data_size", student_steps 1, replay_size 0,
+    lambda_balance 0, lambda_bn 0, lambda_label 0, student_label 0, conditional_critic true, ensemble "eq8", gan_weighting "data_size", student_steps 1, replay_size 0,
     lr_generator / lr_student / lr_discriminator 1e-3, cosine true, label_source "auxiliary-labels", image_size 0."""
 
     generator: dict = setting({"name": "latent_generator", "args": {"latent_dim": 100, "width": 64}},
@@ -63,6 +66,7 @@ class FedIODConfig(Section):
     lambda_bn: float = setting(0.0, NON_NEGATIVE)
     lambda_label: float = setting(0.0, NON_NEGATIVE)
     student_label: float = setting(0.0, NON_NEGATIVE)
+    conditional_critic: bool = setting(True, Bool())
     ensemble: str = setting("eq8", OneOf(ENSEMBLES))
     gan_weighting: str = setting("data_size", OneOf(GAN_WEIGHTINGS))
     student_steps: int = setting(1, Int(1))

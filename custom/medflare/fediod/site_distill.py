@@ -58,7 +58,8 @@ class SiteDistiller:
         discriminator: D_k (a :class:`~medflare.nets.gan.PatchCritic`).
         real: iterator of the site's real batches (``{"image", "label"}``).
         config: the job's distillation settings (D's learning rate).
-        task: "classification" or "segmentation" (conditional D on the one-hot label map).
+        task: "classification" or "segmentation" (D on the one-hot label map and the image, unless
+            ``config.conditional_critic`` is false).
         num_classes: classes of the labels.
         privacy: the site's own DP settings.
         device: torch device. seed: seed of the DP noise.
@@ -73,6 +74,7 @@ class SiteDistiller:
         self.opt = torch.optim.Adam(self.disc.parameters(), lr=config.lr_discriminator, betas=(0.5, 0.999))
         self.real_iter = real
         self.task, self.num_classes, self.device = task, num_classes, torch.device(device)
+        self.conditional = task == "segmentation" and config.conditional_critic
         self.privacy = privacy or PrivacySettings()
         self.accountant = SiteAccountant(self.privacy.delta, self.privacy.epsilon_budget)
         self.noise = torch.Generator().manual_seed(int(seed))
@@ -100,7 +102,7 @@ class SiteDistiller:
 
     # ---- helpers -------------------------------------------------------------------------------
     def _critic_input(self, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
-        return torch.cat([one_hot(y, self.num_classes), x], dim=1) if self.task == "segmentation" else x
+        return torch.cat([one_hot(y, self.num_classes), x], dim=1) if self.conditional else x
 
     def _check(self, x: torch.Tensor, y: torch.Tensor | None) -> None:
         if x.ndim < 4 or not torch.isfinite(x).all():

@@ -61,6 +61,10 @@ class LatentGenerator(nn.Module):
         return torch.sigmoid(self.net(w))
 
 
+#: the label generator's ways to double the resolution (its ``upsample`` argument)
+UPSAMPLING = ("deconv", "resize")
+
+
 class LabelGenerator(nn.Module):
     """Label map (+ noise) -> image generator for segmentation (pix2pix/AsynDGAN ResNet generator, MONAI blocks).
 
@@ -77,18 +81,24 @@ class LabelGenerator(nn.Module):
             convolution's filters per class. A constant code channel would not do: the instance norm after the first
             convolution removes a constant. FedIOD's server draws one site per input and its code, and that site's critic
             alone judges the input (:mod:`medflare.fediod.distill`), so each code learns one site's style. Default 0.
+        upsample: how the decoder doubles the resolution: "deconv" (stride-2 transposed convolutions, the paper's G) or
+            "resize" (nearest-neighbour resize then a 3x3 convolution, MONAI ``UpSample`` "nontrainable"): a stride-2
+            transposed convolution of kernel 3 overlaps its outputs unevenly and draws a checkerboard, which short runs
+            do not train away (Odena et al., Distill 2016; measured in jobs/fediod_seg/README.md). Default "deconv".
     """
 
     def __init__(self, num_classes: int = 3, out_channels: int = 1, width: int = 64, blocks: int = 9, downsamplings: int = 2,
-                 noise_channels: int = 1, styles: int = 0):
+                 noise_channels: int = 1, styles: int = 0, upsample: str = "deconv"):
         super().__init__()
-        from monai.networks.blocks import Convolution, ResidualUnit
+        from monai.networks.blocks import Convolution, ResidualUnit, UpSample
 
         for key, value in (("num_classes", num_classes), ("out_channels", out_channels), ("width", width)):
             check_positive_int("label_generator", key, value)
         for key, value in (("blocks", blocks), ("downsamplings", downsamplings), ("noise_channels", noise_channels), ("styles", styles)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"label_generator: '{key}' must be an int >= 0, got {value!r}")
+        if upsample not in UPSAMPLING:
+            raise ConfigError(f"label_generator: 'upsample' must be one of {list(UPSAMPLING)}, got {upsample!r}")
         self.num_classes, self.noise_channels, self.downsamplings, self.styles = num_classes, noise_channels, downsamplings, styles
         conv = dict(spatial_dims=2, norm="INSTANCE", act="RELU")
         label_channels = num_classes * max(styles, 1)
@@ -99,7 +109,11 @@ class LabelGenerator(nn.Module):
             ch *= 2
         layers += [ResidualUnit(in_channels=ch, out_channels=ch, subunits=2, kernel_size=3, **conv) for _ in range(blocks)]
         for _ in range(downsamplings):
-            layers.append(Convolution(in_channels=ch, out_channels=ch // 2, strides=2, kernel_size=3, is_transposed=True, **conv))
+            if upsample == "resize":
+                layers += [UpSample(2, scale_factor=2, mode="nontrainable", interp_mode="nearest", align_corners=None),
+                           Convolution(in_channels=ch, out_channels=ch // 2, kernel_size=3, **conv)]
+            else:
+                layers.append(Convolution(in_channels=ch, out_channels=ch // 2, strides=2, kernel_size=3, is_transposed=True, **conv))
             ch //= 2
         layers.append(Convolution(spatial_dims=2, in_channels=ch, out_channels=out_channels, kernel_size=7, conv_only=True))
         self.net = nn.Sequential(*layers)

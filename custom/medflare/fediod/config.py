@@ -20,8 +20,9 @@ defaults below fill the keys a preset leaves out.
       "student_label": 0.0,        # segmentation: the student's cross-entropy to the conditioning label map, added to
                                    # L_mimic (not the paper; 0 = off)
       "conditional_critic": true,  # segmentation: D_k judges (label map, image) pairs (pix2pix); false = the image alone
-                                   # (the server's label maps are not the site's, so a conditional D_k also tells them
-                                   # apart by their shapes, which G cannot change; jobs/fediod_seg/README.md)
+                                   # (the server's label maps are not the site's, so a conditional D_k could tell them
+                                   # apart by their shapes, which G cannot change; measured no better at fediod_seg,
+                                   # jobs/fediod_seg/README.md)
       "ensemble": "eq8",           # Eq. 8 weights | "labels" (label factor only) | "mean" (1/K); Table 6/7 ablation
       "gan_weighting": "data_size",  # G's GAN terms weighted by pi_k (Eq. 2) | "uniform" (Table 6 "Avg")
       "student_steps": 1,          # student steps per generated batch: 1 = Algorithm 1; each further step trains S on

@@ -423,15 +423,15 @@ def seg_variant(name: str) -> dict[str, Any]:
     generator's arguments)."""
     parts = name.split("+")
     out = {} if parts[0] == "preset" else dict(SEG_PAPER)
-    for part in parts:
-        if part in ("paper", "preset"):
+    for part in parts[1:] if parts[0] == "preset" else parts:
+        if part == "paper":
             continue
         if "=" in part:
             out.update(parse_overrides(part))
         elif part in _SEG_CHANGES:
             out.update(_SEG_CHANGES[part])
         else:
-            raise SystemExit(f"unknown variant part '{part}' in '{name}' (known: paper, preset, key=value, {', '.join(_SEG_CHANGES)})")
+            raise SystemExit(f"unknown variant part '{part}' in '{name}' (known: paper, preset (first only), key=value, {', '.join(_SEG_CHANGES)})")
     return out
 
 

@@ -266,3 +266,22 @@ def test_student_label_term_moves_the_student_towards_the_label_maps():
         with torch.no_grad():
             losses[weight] = float(L.label_loss(dist.S(window.inputs()[0]), window.labels()[0]).mean())
     assert losses[5.0] < losses[0.0] - 0.05, losses
+
+
+@pytest.mark.parametrize("conditional", [True, False])
+def test_a_sites_critic_takes_the_label_map_only_when_conditional(conditional):
+    """The job's own path (``site_distiller`` -> ``site_discriminator``) builds D_k for the input the site gives it: the
+    one-hot label map and the image, or with ``conditional_critic`` false the image alone; a window passes through."""
+    from medflare.fediod.site_distill import site_distiller
+    from medflare.presets import get_preset
+
+    cfg = get_preset("fediod_seg_tiny", {"fediod": {"conditional_critic": conditional}})
+    fcfg = FedIODConfig.from_preset(cfg)
+    teacher = build_unet(1, 3, [4, 8], [2]).eval()
+    train = [{"image": torch.rand(1, 32, 32), "label": torch.randint(0, 3, (1, 32, 32))} for _ in range(8)]
+    site = site_distiller(cfg, fcfg, "site-1", teacher, train, None, seed=0)
+    first = next(m for m in site.disc.modules() if isinstance(m, torch.nn.Conv2d))
+    assert first.in_channels == (1 + 3 if conditional else 1)
+    x, y = torch.rand(1, 2, 1, 32, 32), torch.randint(0, 3, (1, 2, 1, 32, 32))
+    z, r = site.outputs(x, y)
+    assert z.shape == (1, 2, 3, 32, 32) and r.shape == (1, 2) and torch.isfinite(r).all()

@@ -78,3 +78,8 @@ class FedIODConfig(Section):
     cosine: bool = setting(True, Bool())
     label_source: str = setting("auxiliary-labels", Text(empty=False))
     image_size: int = setting(0, Int(0))
+
+    def critic_takes_labels(self, task: str) -> bool:
+        """Whether D_k judges (label map, image) pairs: segmentation with ``conditional_critic``; the image alone otherwise
+        (the one place the sites' critics and their input width read it)."""
+        return task == "segmentation" and self.conditional_critic

@@ -37,11 +37,11 @@ def generator_spec(spec: Mapping[str, Any], task: str, image_size: int, channels
     return {"name": spec["name"], "args": args}
 
 
-def discriminator_spec(spec: Mapping[str, Any], task: str, channels: int, num_classes: int, conditional: bool = True) -> dict[str, Any]:
-    """``spec`` with ``in_channels`` filled in: image channels, plus the classes for segmentation with a conditional
-    critic (``fediod.conditional_critic``)."""
+def discriminator_spec(spec: Mapping[str, Any], channels: int, num_classes: int, with_labels: bool) -> dict[str, Any]:
+    """``spec`` with ``in_channels`` filled in: image channels, plus the classes when the critic also takes the label map
+    (:meth:`~medflare.fediod.config.FedIODConfig.critic_takes_labels`)."""
     args = dict(spec.get("args") or {})
-    args["in_channels"] = channels + (num_classes if task == "segmentation" and conditional else 0)
+    args["in_channels"] = channels + (num_classes if with_labels else 0)
     return {"name": spec["name"], "args": args}
 
 
@@ -87,6 +87,6 @@ def server_networks(cfg: Mapping[str, Any], fcfg: FedIODConfig, seed: int = 0) -
 def site_discriminator(cfg: Mapping[str, Any], fcfg: FedIODConfig, site: str, seed: int) -> torch.nn.Module:
     """D_k of ``site``, initialised from (seed, site name) so reruns and the single-process replay agree."""
     task, channels, _, classes = data_shape(cfg, fcfg)
-    spec = discriminator_spec(fcfg.discriminator, task, channels, classes, fcfg.conditional_critic)
+    spec = discriminator_spec(fcfg.discriminator, channels, classes, fcfg.critic_takes_labels(task))
     torch.manual_seed(stable_seed("fediod-discriminator", seed, site) % (2**31))
     return build_from_spec(spec, role="discriminator")

@@ -74,7 +74,7 @@ class SiteDistiller:
         self.opt = torch.optim.Adam(self.disc.parameters(), lr=config.lr_discriminator, betas=(0.5, 0.999))
         self.real_iter = real
         self.task, self.num_classes, self.device = task, num_classes, torch.device(device)
-        self.conditional = task == "segmentation" and config.conditional_critic
+        self.conditional = config.critic_takes_labels(task)
         self.privacy = privacy or PrivacySettings()
         self.accountant = SiteAccountant(self.privacy.delta, self.privacy.epsilon_budget)
         self.noise = torch.Generator().manual_seed(int(seed))

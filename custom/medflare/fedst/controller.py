@@ -417,9 +417,7 @@ class FedSTJoinController(FedSTController):
     def partial_exchanges_in_job(self) -> int:
         """Of :attr:`exchanges_in_job`, those that move only the domain modulation (``diffusion.sync_layers`` "domain":
         all but one per round; the round's first and last exchanges together move the whole generator once each way)."""
-        if self.diffusion.sync_layers != DOMAIN:
-            return 0
-        return sum(len(self.plan(rnd)) - 1 for rnd in range(self.rounds_in_job))
+        return self.exchanges_in_job - self.rounds_in_job if self.diffusion.sync_layers == DOMAIN else 0
 
     def domain_size(self) -> int:
         return nbytes(self._on_the_wire(select_entries(self.parts[P.GEN], DOMAIN)))

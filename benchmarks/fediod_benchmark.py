@@ -153,10 +153,11 @@ class Federation:
                            device=self.device)["mean"] for s, d in self.data.items()}
         return out if metrics else {s: m[key] for s, m in out.items()}
 
-    def label_ensemble(self) -> torch.nn.Module:
+    def label_ensemble(self, tau: float = 0.0) -> torch.nn.Module:
         """The teachers' ensemble the server forms with ``ensemble`` "labels" (Eq. 9 with Eq. 8's label factor alone, no
-        discriminator factor), as one network: the ceiling of what the student learns from them on real images."""
-        return LabelEnsemble(list(self.teachers.values()), [self.infos[s].counts for s in self.teachers])
+        discriminator factor) at ``ensemble_tau`` ``tau``, as one network: the ceiling of what the student learns from
+        them on real images."""
+        return LabelEnsemble(list(self.teachers.values()), [self.infos[s].counts for s in self.teachers], tau)
 
     def standalone(self) -> dict[str, float]:
         """Each teacher on the union test set: mean and std over sites of the key metric (Table 1 'Standalone')."""
@@ -169,14 +170,14 @@ class LabelEnsemble(torch.nn.Module):
     """``A(x) = sum_k pi_k (.) T_k(x)`` with ``pi_k`` :func:`ensemble_weights` of the sites' :func:`label_ratio` (what
     :class:`Distiller` aggregates with ``ensemble`` "labels"), for :func:`evaluate`."""
 
-    def __init__(self, teachers: list[torch.nn.Module], counts: list[torch.Tensor]):
+    def __init__(self, teachers: list[torch.nn.Module], counts: list[torch.Tensor], tau: float = 0.0):
         super().__init__()
-        self.teachers = torch.nn.ModuleList(teachers)
+        self.teachers, self.tau = torch.nn.ModuleList(teachers), tau
         self.register_buffer("ratio", label_ratio(torch.stack([torch.as_tensor(c) for c in counts])))
 
     def combine(self, z: list[torch.Tensor]) -> torch.Tensor:
         """The ensemble of the teachers' outputs ``z`` (one per teacher, in order)."""
-        return aggregate(z, ensemble_weights(self.ratio, None))
+        return aggregate(z, ensemble_weights(self.ratio, None), self.tau)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.combine([t(x) for t in self.teachers])
@@ -597,6 +598,10 @@ def parse_overrides(text: str) -> dict[str, Any]:
     return out
 
 
+#: temperatures of the teachers' probability mixture whose accuracy on real images the curve table prints (ensemble_tau)
+ENSEMBLE_TAUS = (1.0, 2.0, 4.0)
+
+
 def table_curve(args, device) -> dict:
     """The student's accuracy on the union of the sites' test splits every ``--curve-every`` steps of one FedIOD
     classification run of ``--curve-steps`` steps (the cosine schedules over that length), in one process, for each
@@ -622,14 +627,18 @@ def table_curve(args, device) -> dict:
     key = fed.cfg["eval"]["key_metric"]
     on_union = {s: fed.score(t)[key] for s, t in fed.teachers.items()}
     ensemble = fed.score(fed.label_ensemble())[key]
-    log(f"teachers on the union test set {on_union}; label-weighted ensemble {ensemble:.3f} (teachers {fed.teacher_seconds:.0f} s)")
+    of_probabilities = {t: fed.score(fed.label_ensemble(t))[key] for t in ENSEMBLE_TAUS}
+    mixtures = ", ".join(f"{v:.3f} at ensemble_tau {t:g}" for t, v in of_probabilities.items())
+    log(f"teachers on the union test set {on_union}; label-weighted ensemble {ensemble:.3f} (Eq. 9), {mixtures} (teachers "
+        f"{fed.teacher_seconds:.0f} s)")
     columns = list(range(every, total + 1, every))
     md = [f"Preset {preset}" + "".join(f", {k} {v}" for k, v in overrides.items()) + f"; sites {', '.join(sites)}; teachers "
           + ", ".join(f"{s} {fed.teacher_specs[s]['name']}" + (f" {fed.teacher_specs[s]['args'].get('widths')}" if "widths" in
                       fed.teacher_specs[s]["args"] else "") for s in sites)
           + f" (seed {args.seed}, {fed.teacher_seconds:.0f} s); {fed.task}, {key} on the union of the sites' test splits "
           f"({sum(len(d.test) for d in fed.data.values())} images); B = {fcfg.batch_size}, M = {M}; cosine over {total} steps.", "",
-          "Teachers: " + " / ".join(f"{on_union[s]:.3f}" for s in sites) + f"; label-weighted ensemble {ensemble:.3f}.", "",
+          "Teachers: " + " / ".join(f"{on_union[s]:.3f}" for s in sites) + f"; label-weighted ensemble {ensemble:.3f} of their logits "
+          f"(Eq. 9); of their probabilities {mixtures}.", "",
           "| variant | seed | " + " | ".join(map(str, columns)) + " steps | seconds | load (1/5/15 min) |", "|---|---|" + "---|" * (len(columns) + 2)]
     runs: dict[str, dict[int, dict[str, Any]]] = {}
     for name in args.variants:
@@ -643,7 +652,7 @@ def table_curve(args, device) -> dict:
             md.append(f"| {name} | {seed} | " + " | ".join(f"{v:.3f}" for v in run["curve"]) + " | " * (len(columns) - len(run["curve"]))
                       + f" | {run['seconds']:.0f} | {run['load_average']} |")
     return {"preset": preset, "overrides": overrides, "sites": sites, "teachers": fed.teacher_specs, "teachers_on_union": on_union,
-            "label_ensemble": ensemble, "steps": columns, "runs": runs, "markdown": "\n".join(md)}
+            "label_ensemble": ensemble, "label_ensemble_of_probabilities": {str(t): v for t, v in of_probabilities.items()}, "steps": columns, "runs": runs, "markdown": "\n".join(md)}
 
 
 def sites_of(n: int) -> list[str]:

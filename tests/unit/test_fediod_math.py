@@ -96,6 +96,29 @@ def test_aggregate_and_mimic_by_hand():
     assert torch.allclose(L.aggregate(zs, w), torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1).expand(1, 3, 2, 2))
 
 
+def test_ensemble_of_probabilities_is_tau_log_of_the_weighted_mixture_and_resists_an_overconfident_teacher():
+    # teacher 1 is sure of class 0 or 2 on the large scale of a teacher that knows only those two; teacher 2 of class 1
+    z1, z2 = torch.tensor([[10.0, 0.0, 9.0]]), torch.tensor([[0.0, 3.0, 0.0]])
+    w = torch.full((2, 1, 3), 0.5)
+    assert int(L.aggregate([z1, z2], w).argmax()) == 0  # Eq. 9: the large logits outvote
+    A = L.aggregate([z1, z2], w, tau=1.0)
+    mixture = 0.5 * torch.softmax(z1, 1) + 0.5 * torch.softmax(z2, 1)
+    assert torch.allclose(torch.softmax(A, 1), mixture, atol=1e-6) and int(A.argmax()) == 1
+    A2 = L.aggregate([z1, z2], w, tau=2.0)  # softmax(A / tau) is the mixture at temperature tau
+    assert torch.allclose(torch.softmax(A2 / 2, 1), 0.5 * torch.softmax(z1 / 2, 1) + 0.5 * torch.softmax(z2 / 2, 1), atol=1e-6)
+    # tau -> infinity recovers Eq. 9 up to a constant over the classes
+    far = L.aggregate([z1, z2], w, tau=1e4)
+    assert torch.allclose(far - far.mean(1, keepdim=True), (0.5 * z1 + 0.5 * z2) - (0.5 * z1 + 0.5 * z2).mean(1, keepdim=True), atol=1e-2)
+    # per-class weights that do not sum to one over the classes: softmax(A) is the renormalised mixture
+    w2 = torch.tensor([[[1.0, 0.5, 0.0]], [[0.0, 0.5, 1.0]]])
+    raw = w2[0] * torch.softmax(z1, 1) + w2[1] * torch.softmax(z2, 1)
+    assert torch.allclose(torch.softmax(L.aggregate([z1, z2], w2, tau=1.0), 1), raw / raw.sum(), atol=1e-6)
+    # per pixel: the mixture over dim 1 at every pixel
+    zs = [z1.view(1, 3, 1, 1).expand(2, 3, 2, 2), z2.view(1, 3, 1, 1).expand(2, 3, 2, 2)]
+    out = torch.softmax(L.aggregate(zs, w, tau=1.0), 1)
+    assert out.shape == (2, 3, 2, 2) and torch.allclose(out[1, :, 1, 0], mixture[0], atol=1e-6)
+
+
 def test_gan_losses_and_discriminator_score():
     real, fake = torch.full((2, 1, 3, 3), 4.0), torch.full((2, 1, 3, 3), -4.0)
     assert L.discriminator_loss(real, fake).item() == pytest.approx(2 * math.log1p(math.exp(-4.0)), rel=1e-5)

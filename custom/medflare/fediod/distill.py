@@ -234,7 +234,7 @@ class Distiller:
             z = [outputs[s][0][m].to(self.device, torch.float32).requires_grad_(True) for s in sites]
             r = [outputs[s][1][m].to(self.device, torch.float32).clamp_min(0).requires_grad_(True) for s in sites]
             student = self.S(xm)
-            A = aggregate(z, self._weights(sites, torch.stack(r), xm.shape[0]))
+            A = aggregate(z, self._weights(sites, torch.stack(r), xm.shape[0]), c.ensemble_tau)
             conf, uniq, mimic = conf_loss(z, pi, c.tau), unique_loss(z, pi, c.tau), mimic_loss(student, A, c.mimic_tau)
             per_input = c.lambda_conf * conf + c.lambda_unique * uniq - c.lambda_mimic * mimic
             ym = window.y[m] if window.y is not None else None

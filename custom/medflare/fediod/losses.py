@@ -11,7 +11,8 @@ batch is scored like a classification batch of ``B * H * W`` inputs that share t
 - :func:`label_ratio` is the first factor of Eq. 8, ``P_k(c) / P(c)`` from label counts;
   :func:`ensemble_weights` is Eq. 8 including the discriminator factor ``D_k(x) / E_{x'_k} D_k(x'_k)``
   (absent in the reference code), normalised per class across sites.
-- :func:`aggregate` is Eq. 9, ``A = sum_k pi_k(x) (.) z_k``; :func:`mimic_loss` is Eq. 10,
+- :func:`aggregate` is Eq. 9, ``A = sum_k pi_k(x) (.) z_k`` (or, ``ensemble_tau`` > 0, tau times the log of the
+  same weighted mixture of the teachers' probabilities at temperature tau); :func:`mimic_loss` is Eq. 10,
   ``E_w |S(G(w)) - A|^2`` (squared L2 over classes, mean over inputs and pixels).
 - :func:`balance_loss`: the reference code's class-balance term (not in the paper; ``lambda_balance``).
 - :func:`label_loss`: segmentation only, cross-entropy to the label map that conditioned G (not in the paper;
@@ -144,14 +145,29 @@ def ensemble_weights(ratio: torch.Tensor, density: torch.Tensor | None) -> torch
     return torch.where(total > 0, weights, torch.full_like(weights, 1.0 / K))
 
 
-def aggregate(z: Sequence[torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
-    """Eq. 9: ``A = sum_k pi_k(x) (.) z_k``; ``weights`` ``(K, B, C)`` broadcast over pixels -> shape of ``z_k``."""
+def aggregate(z: Sequence[torch.Tensor], weights: torch.Tensor, tau: float = 0.0) -> torch.Tensor:
+    """Eq. 9: ``A = sum_k pi_k(x) (.) z_k``; ``weights`` ``(K, B, C)`` broadcast over pixels -> shape of ``z_k``.
+
+    ``tau > 0`` (``ensemble_tau``; not Eq. 9): the same weights on the teachers' probabilities at temperature tau,
+    ``A = tau log(qbar / sum_c qbar^c)`` with ``qbar = sum_k pi_k (.) softmax(z_k / tau)``, so ``softmax(A / tau)``
+    is the weighted mixture of the teachers' distributions: the "conventional ensemble" the paper's Eq. 6 text names,
+    of which Eq. 9 is the tau -> infinity limit (``tau = 0`` here, as ``mimic_tau``). Under strong label skew each
+    teacher knows a few classes and Eq. 8's per-class weights compare one teacher's logit for class c with
+    another's for class d, on scales that differ between networks (and shift with any constant added to a
+    teacher's logits); in the mixture each teacher adds at most its weight to a class (measured,
+    benchmarks/RESULTS_fediod.md, "An ensemble of probabilities").
+    """
     stacked = torch.stack(list(z))  # (K, B, C, *s)
+    if tau > 0:
+        stacked = torch.softmax(stacked / tau, dim=2)
     w = weights.to(stacked.dtype)
     w = w.view(*w.shape, *([1] * (stacked.ndim - 3)))
     if w.shape[1] == 1:
         w = w.expand(-1, stacked.shape[1], *w.shape[2:])
-    return (w * stacked).sum(dim=0)
+    mixed = (w * stacked).sum(dim=0)
+    if tau <= 0:
+        return mixed
+    return tau * (torch.log(mixed.clamp_min(EPS)) - torch.log(mixed.sum(dim=1, keepdim=True).clamp_min(EPS)))
 
 
 def mimic_loss(student: torch.Tensor, ensemble: torch.Tensor, tau: float = 0.0) -> torch.Tensor:

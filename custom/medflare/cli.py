@@ -201,14 +201,14 @@ def cmd_run(args) -> dict[str, Any]:
     from medflare.jobs.run import run_job
 
     return run_job(args.job, args.n, root=args.workspace_root, preset=args.preset, assignments=args.set or [],
-                   rounds=args.rounds, verbose=args.verbose)
+                   rounds=args.rounds, seed=args.seed, verbose=args.verbose)
 
 
 def cmd_submit(args) -> dict[str, Any]:
     from medflare.jobs.submit import submit_job
 
     return submit_job(args.job, args.startup_kit, username=args.username, preset=args.preset, assignments=args.set or [],
-                      rounds=args.rounds, byoc=args.byoc)
+                      rounds=args.rounds, seed=args.seed, byoc=args.byoc)
 
 
 def cmd_report(args) -> dict[str, Any]:
@@ -292,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a preset value, e.g. --set train.lr=0.01 --set train.epochs=2 (repeatable; "
                             "the value is read as JSON when it parses); an unknown key is an error naming it")
         p.add_argument("--rounds", type=_positive, help="rounds of the job (default: the job folder's)")
+        p.add_argument("--seed", type=int, help="seed of the job's persistor, executors and workflow (initial weights, "
+                                                "shuffling, the algorithm's own noise; default: the job folder's, 0)")
 
     p = sub.add_parser("run", help="run a job in FLARE's simulator (its recipe in SimEnv): one line per round, then the result",
                        description="Run a shipped job's FLARE 2.9 recipe in FLARE's simulator environment (SimEnv), one "

@@ -38,6 +38,18 @@ def test_settings_reach_the_recipe_and_an_unknown_key_names_itself(tmp_path):
         build_recipe("fedavg", 2, overrides={"train": {"epoch": 1}})
 
 
+@pytest.mark.parametrize("job", ["fedavg", "fediod"])
+def test_a_seed_reaches_every_seeded_component(job, tmp_path):
+    build_recipe(job, 2, seed=3).export(str(tmp_path))
+    config = tmp_path / job / "app" / "config"
+    components = []
+    for name in ("config_fed_server.json", "config_fed_client.json"):
+        doc = json.loads((config / name).read_text())
+        components += doc.get("workflows", []) + doc.get("components", []) + [e["executor"] for e in doc.get("executors", [])]
+    seeds = [c["args"]["seed"] for c in components if "seed" in c.get("args", {})]
+    assert len(seeds) >= 2 and set(seeds) == {3}  # the persistor, the executor (FedIOD: the workflow too); none left at 0
+
+
 class _Session:
     """FLARE's Session as far as submit uses it; like FLARE, it signs the folder it submits in place."""
 

@@ -37,7 +37,7 @@ def check_job(name: str) -> str:
 
 
 def build_recipe(job: str, sites: int | None, *, preset: str | None = None, overrides: Mapping[str, Any] | None = None,
-                 rounds: int | None = None):
+                 rounds: int | None = None, seed: int | None = None):
     """The job's recipe with the given settings (None = the shipped job folder's); with ``sites`` given, a FedAvg-like
     job asks all of them each round and a job of fewer sites than its ``min_clients`` starts with them. ConfigError
     names a bad setting (an unknown preset or override key)."""
@@ -50,6 +50,8 @@ def build_recipe(job: str, sites: int | None, *, preset: str | None = None, over
         kwargs["overrides"] = dict(overrides)
     if rounds is not None:
         kwargs["num_rounds"] = rounds
+    if seed is not None:  # every shipped recipe seeds its persistor, executors and workflow with it
+        kwargs["seed"] = int(seed)
     if sites is not None and "num_clients" in accepted:
         kwargs["num_clients"] = sites
     default_min = accepted["min_clients"].default if "min_clients" in accepted else None
@@ -71,7 +73,7 @@ def result_path(workspace: str | os.PathLike, result_file: str) -> Path:
 
 
 def run_job(job: str, sites: int, *, root: str | os.PathLike = DEFAULT_ROOT, preset: str | None = None,
-            assignments: Sequence[str] = (), rounds: int | None = None, verbose: bool = False,
+            assignments: Sequence[str] = (), rounds: int | None = None, seed: int | None = None, verbose: bool = False,
             out: Callable[[str], None] = print) -> dict[str, Any]:
     """Run ``job`` on ``sites`` simulated sites (site-1..site-N) in FLARE's SimEnv under ``root``; ``assignments``:
     ``key=value`` overrides of the preset (:func:`medflare.presets.overrides_from_assignments`). Returns ``{"job",
@@ -84,7 +86,7 @@ def run_job(job: str, sites: int, *, root: str | os.PathLike = DEFAULT_ROOT, pre
     if sites < 1:
         raise ConfigError(f"medflare run: -n must be at least 1, got {sites}")
     overrides = overrides_from_assignments(list(assignments))
-    recipe = build_recipe(job, sites, preset=preset, overrides=overrides, rounds=rounds)
+    recipe = build_recipe(job, sites, preset=preset, overrides=overrides, rounds=rounds, seed=seed)
 
     from nvflare.recipe import SimEnv
 
@@ -93,7 +95,7 @@ def run_job(job: str, sites: int, *, root: str | os.PathLike = DEFAULT_ROOT, pre
     env = SimEnv(num_clients=sites, num_threads=sites, workspace_root=str(workspace.parent), log_config=str(log_config))
     os.environ.setdefault("MALLOC_ARENA_MAX", "2")  # FLARE's advice for its processes
     os.environ.setdefault("PYTHONUNBUFFERED", "1")  # each round's line when it happens
-    settings = ", ".join(f"{k} {v}" for k, v in (("preset", preset), ("rounds", rounds)) if v is not None)
+    settings = ", ".join(f"{k} {v}" for k, v in (("preset", preset), ("rounds", rounds), ("seed", seed)) if v is not None)
     out(f"medflare run: job '{job}' on {sites} site{'s' if sites != 1 else ''} in FLARE's simulator (SimEnv, {sites} "
         f"thread{'s' if sites != 1 else ''})" + (f", {settings}" if settings else "") + (f", overrides {overrides}" if overrides else "")
         + f"; workspace {workspace}")

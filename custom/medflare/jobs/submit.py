@@ -22,14 +22,14 @@ from medflare.jobs.run import build_recipe, check_job
 
 
 def export_copy(job: str, out_dir: str | os.PathLike, *, preset: str | None = None, assignments: Sequence[str] = (),
-                rounds: int | None = None, byoc: bool = False) -> Path:
+                rounds: int | None = None, seed: int | None = None, byoc: bool = False) -> Path:
     """Export ``job``'s recipe with the given settings into ``out_dir/<job>`` (without ``app/custom`` unless ``byoc``);
     returns that folder. A FedAvg-like job keeps its folder's sites per round."""
     from medflare.jobs.export import sort_filter_tasks
     from medflare.presets import overrides_from_assignments
 
     overrides = overrides_from_assignments(list(assignments))
-    recipe = build_recipe(check_job(job), None, preset=preset, overrides=overrides, rounds=rounds)
+    recipe = build_recipe(check_job(job), None, preset=preset, overrides=overrides, rounds=rounds, seed=seed)
     recipe.export(str(out_dir))
     folder = Path(out_dir) / job
     sort_filter_tasks(folder)
@@ -40,7 +40,7 @@ def export_copy(job: str, out_dir: str | os.PathLike, *, preset: str | None = No
 
 
 def submit_job(job: str, startup_kit: str | os.PathLike, *, username: str | None = None, preset: str | None = None,
-               assignments: Sequence[str] = (), rounds: int | None = None, byoc: bool = False,
+               assignments: Sequence[str] = (), rounds: int | None = None, seed: int | None = None, byoc: bool = False,
                out: Callable[[str], None] = print, session_factory: Callable[..., Any] | None = None) -> dict[str, Any]:
     """Submit an exported copy of ``job`` with the admin kit ``startup_kit`` (user ``username``, default the kit folder's
     name); returns ``{"job", "job_id", "settings"}``. ``session_factory`` (default FLARE's ``new_secure_session``) is
@@ -52,7 +52,7 @@ def submit_job(job: str, startup_kit: str | os.PathLike, *, username: str | None
     if session_factory is None:
         from nvflare.fuel.flare_api.flare_api import new_secure_session as session_factory
     with tempfile.TemporaryDirectory(prefix="medflare-submit-") as tmp:
-        folder = export_copy(job, tmp, preset=preset, assignments=assignments, rounds=rounds, byoc=byoc)
+        folder = export_copy(job, tmp, preset=preset, assignments=assignments, rounds=rounds, seed=seed, byoc=byoc)
         session = session_factory(username, str(kit))
         try:
             job_id = session.submit_job(str(folder))

@@ -74,6 +74,18 @@ def test_meters_join_the_existing_chains_once_per_task():
     assert validate == {"tasks": ["validate"], "filters": [{"path": "medflare.report.traffic.TrafficMeter", "args": {"direction": "down"}}]}
 
 
+def test_a_report_job_carries_its_seed_and_the_meters(tmp_path):
+    from medflare.jobs.customize import components
+    from medflare.report.runner import export_job
+
+    job = export_job("fediod", tmp_path / "job", preset="fediod_cls_tiny", overrides=None, workflow_args={}, seed=5)
+    configs = {p.name: json.loads(p.read_text()) for p in job.glob("app*/config/config_fed_*.json")}
+    seeds = [c["args"]["seed"] for cfg in configs.values() for c in components(cfg) if "seed" in c.get("args", {})]
+    assert len(seeds) >= 3 and set(seeds) == {5}  # persistor, workflow, executor: none left at the recipe's 0
+    paths = [f["path"] for chain in configs["config_fed_server.json"]["task_result_filters"] for f in chain["filters"]]
+    assert "medflare.report.traffic.TrafficMeter" in paths
+
+
 def _event(value):
     from nvflare.apis.analytix import AnalyticsDataType, LogWriterName
     from nvflare.apis.utils.analytix_utils import create_analytic_dxo

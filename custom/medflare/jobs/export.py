@@ -21,9 +21,10 @@ REPO = Path(__file__).resolve().parents[3]
 EXPORTED = ("meta.json", "app")
 
 
-def export(name: str, out_dir: Path) -> Path:
-    """Export recipe ``name`` with its defaults into ``out_dir/<name>``; returns that folder."""
-    RECIPES[name]().export(str(out_dir))
+def export(name: str, out_dir: Path, seed: int | None = None) -> Path:
+    """Export recipe ``name`` with its defaults (and ``seed``, which every shipped recipe hands to its persistor,
+    executors and workflow) into ``out_dir/<name>``; returns that folder."""
+    RECIPES[name](**({} if seed is None else {"seed": int(seed)})).export(str(out_dir))
     sort_filter_tasks(out_dir / name)
     return out_dir / name
 

@@ -120,21 +120,16 @@ class RoundProgress(_Polling):
 
 def export_job(name: str, dst: Path, *, preset: str, overrides: Mapping[str, Any] | None, workflow_args: Mapping[str, Any],
                seed: int | None = None) -> Path:
-    """The recipe's job folder (as shipped under jobs/) customised for one run, with the traffic meters added;
-    ``seed`` goes to every component that takes one (persistors, executors, workflows)."""
-    from medflare.jobs.customize import components, customize_job
+    """The recipe's job folder (as shipped under jobs/, exported with ``seed``: its persistor, executors and workflow)
+    customised for one run, with the traffic meters added on the server."""
+    from medflare.jobs.customize import customize_job
     from medflare.jobs.export import export
 
     with tempfile.TemporaryDirectory() as tmp:
-        job = customize_job(export(name, Path(tmp)), dst, preset=preset, overrides=overrides, workflow_args=workflow_args)
-    for path in job.glob("app*/config/config_fed_*.json"):
+        job = customize_job(export(name, Path(tmp), seed), dst, preset=preset, overrides=overrides, workflow_args=workflow_args)
+    for path in job.glob("app*/config/config_fed_server.json"):
         config = json.loads(path.read_text())
-        if seed is not None:
-            for comp in components(config):
-                if "seed" in comp.get("args", {}):
-                    comp["args"]["seed"] = seed
-        if path.name == "config_fed_server.json":
-            meter_filters(config)
+        meter_filters(config)
         path.write_text(json.dumps(config, indent=2))
     return job
 

@@ -626,8 +626,8 @@ def table_curve(args, device) -> dict:
     fed = Federation(preset, overrides, sites, device, seed=args.seed, teachers=teachers)
     key = fed.cfg["eval"]["key_metric"]
     on_union = {s: fed.score(t)[key] for s, t in fed.teachers.items()}
-    ensemble = fed.score(fed.label_ensemble())[key]
-    of_probabilities = {t: fed.score(fed.label_ensemble(t))[key] for t in ENSEMBLE_TAUS}
+    ensemble, *mixed = [fed.score(fed.label_ensemble(t))[key] for t in (0.0, *ENSEMBLE_TAUS)]  # Eq. 9, then the mixtures
+    of_probabilities = dict(zip(ENSEMBLE_TAUS, mixed))
     mixtures = ", ".join(f"{v:.3f} at ensemble_tau {t:g}" for t, v in of_probabilities.items())
     log(f"teachers on the union test set {on_union}; label-weighted ensemble {ensemble:.3f} (Eq. 9), {mixtures} (teachers "
         f"{fed.teacher_seconds:.0f} s)")

@@ -210,7 +210,7 @@ def test_plan_and_method_selection():
     full = plan(["cls"], "full", seeds=[0, 1, 2], skews=[0.1])
     assert full[0].overrides["data"]["beta"] == 0.1 and full[0].overrides["data"]["num_sites"] == 10
     seg_full = {r.method.name: r for r in plan(["seg"], "full", seeds=[0])}  # the jobs' own schedules where they differ
-    assert {n: r.rounds for n, r in seg_full.items() if r.rounds != 10} == {"fedsm": 20, "fedsm_extra": 20, "fediod_seg": 20}
+    assert {n: r.rounds for n, r in seg_full.items() if r.rounds != 10} == {"fedsm": 20, "fedsm_extra": 20, "fediod_seg": 30}
     local_epochs = {n: r.rounds * get_preset(r.preset, r.overrides)["train"]["epochs"] for n, r in seg_full.items()}
     assert local_epochs["fedsm"] == local_epochs["fedavg"] == 20  # FedSM's one-epoch rounds: the baselines' local work
     for mode in ("quick", "full"):  # every row of a task reads the same sites and images, whatever its own preset

@@ -34,7 +34,7 @@ class Method:
     but streams no steps; ``server_time``: the tag of the server's training seconds per round, where streamed;
     ``rounds_scale``: per mode, the row's rounds as a multiple of the report's (1 where absent): the job's own schedule
     where it differs from the baselines' (FedSM's one local epoch a round, twice the rounds for the same local steps;
-    FedIOD-seg's 400 server steps)."""
+    FedIOD-seg's 600 server steps)."""
 
     name: str
     label: str
@@ -83,7 +83,7 @@ METHODS: dict[str, Method] = {m.name: m for m in [
            overrides={"fedsm": {"extra_rounds": 1}}, rounds_scale={"full": 2}),
     Method("fediod_seg", "FedIOD-seg", "seg", {"quick": "fediod_seg_tiny", "full": "fediod_seg"}, "fediod_seg",
            "FedIOD_student.pt", curve="student/val_{key}", site_steps=None, server_steps=_FEDIOD_SERVER,
-           rounds_scale={"full": 2}),
+           rounds_scale={"full": 3}),
     Method("fedst_separate", "FedST-separate", "seg", {"quick": "fedst_tiny", "full": "fedst"}, "fedst_separate",
            "FedST_style_store.pt"),
     Method("fedst_join", "FedST-join", "seg", {"quick": "fedst_tiny", "full": "fedst"}, "fedst_join", "FedST_join_generator.pt"),

@@ -11,6 +11,7 @@ import pytest
 from medflare import ConfigError
 from medflare.cli import main
 from medflare.jobs.run import build_recipe, check_job
+from medflare.jobs.customize import components
 from medflare.jobs.submit import export_copy, submit_job
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,11 +43,8 @@ def test_settings_reach_the_recipe_and_an_unknown_key_names_itself(tmp_path):
 def test_a_seed_reaches_every_seeded_component(job, tmp_path):
     build_recipe(job, 2, seed=3).export(str(tmp_path))
     config = tmp_path / job / "app" / "config"
-    components = []
-    for name in ("config_fed_server.json", "config_fed_client.json"):
-        doc = json.loads((config / name).read_text())
-        components += doc.get("workflows", []) + doc.get("components", []) + [e["executor"] for e in doc.get("executors", [])]
-    seeds = [c["args"]["seed"] for c in components if "seed" in c.get("args", {})]
+    docs = [json.loads((config / name).read_text()) for name in ("config_fed_server.json", "config_fed_client.json")]
+    seeds = [c["args"]["seed"] for doc in docs for c in components(doc) if "seed" in c.get("args", {})]
     assert len(seeds) >= 2 and set(seeds) == {3}  # the persistor, the executor (FedIOD: the workflow too); none left at 0
 
 

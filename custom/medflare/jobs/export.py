@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from medflare.jobs.run import build_recipe
 from medflare.recipes import RECIPES
 
 REPO = Path(__file__).resolve().parents[3]
@@ -22,9 +23,9 @@ EXPORTED = ("meta.json", "app")
 
 
 def export(name: str, out_dir: Path, seed: int | None = None) -> Path:
-    """Export recipe ``name`` with its defaults (and ``seed``, which every shipped recipe hands to its persistor,
-    executors and workflow) into ``out_dir/<name>``; returns that folder."""
-    RECIPES[name](**({} if seed is None else {"seed": int(seed)})).export(str(out_dir))
+    """Export recipe ``name`` with its defaults (and ``seed``, see :func:`medflare.jobs.run.build_recipe`) into
+    ``out_dir/<name>``; returns that folder."""
+    build_recipe(name, None, seed=seed).export(str(out_dir))
     sort_filter_tasks(out_dir / name)
     return out_dir / name
 

@@ -34,13 +34,16 @@ defaults below fill the keys a preset leaves out.
                                    # (medflare.fediod.replay; 0 = the extra steps repeat the current batch)
       "lr_generator": 1e-3, "lr_student": 1e-3, "lr_discriminator": 1e-3, "cosine": true,
       "label_source": "auxiliary-labels",  # segmentation: whose label maps condition G (server-side auxiliary labels)
+      "calibrate_offsets": [],     # segmentation: background-logit offsets the sites score the student at on their
+                                   # validation splits; the best mean is folded into the saved student (not the paper;
+                                   # medflare.fediod.calibration; [] = off)
       "image_size": 0              # side of G's output; 0 = the preset's data.image_size (set it for a site's own data)
     }
 """
 
 from __future__ import annotations
 
-from medflare.settings import NON_NEGATIVE, POSITIVE, Bool, Int, NetSpec, OneOf, Section, Text, section, setting
+from medflare.settings import NON_NEGATIVE, POSITIVE, Bool, Int, Items, NetSpec, Number, OneOf, Section, Text, section, setting
 
 ENSEMBLES = ("eq8", "labels", "mean")
 GAN_WEIGHTINGS = ("data_size", "uniform")
@@ -52,7 +55,8 @@ class FedIODConfig(Section):
     ``latent_generator`` (latent_dim 100, width 64), discriminator ``patch_critic`` (width 32, 2 layers), batch_size 64,
     steps_per_window 8, windows_per_round 4, tau 1, mimic_tau 0, lambda_conf / lambda_unique / lambda_mimic / lambda_gan 1,
     lambda_balance 0, lambda_bn 0, lambda_label 0, student_label 0, conditional_critic true, ensemble "eq8", ensemble_tau 0, gan_weighting "data_size", student_steps 1, replay_size 0,
-    lr_generator / lr_student / lr_discriminator 1e-3, cosine true, label_source "auxiliary-labels", image_size 0."""
+    lr_generator / lr_student / lr_discriminator 1e-3, cosine true, label_source "auxiliary-labels", calibrate_offsets [],
+    image_size 0."""
 
     generator: dict = setting({"name": "latent_generator", "args": {"latent_dim": 100, "width": 64}},
                               NetSpec(("latent_generator", "label_generator")))
@@ -81,6 +85,7 @@ class FedIODConfig(Section):
     lr_discriminator: float = setting(1e-3, POSITIVE)
     cosine: bool = setting(True, Bool())
     label_source: str = setting("auxiliary-labels", Text(empty=False))
+    calibrate_offsets: list = setting([], Items(Number()))
     image_size: int = setting(0, Int(0))
 
     def critic_takes_labels(self, task: str) -> bool:

@@ -35,7 +35,7 @@ from typing import Any, Mapping
 
 import numpy as np
 import torch
-from nvflare.apis.dxo import DXO
+from nvflare.apis.dxo import DXO, DataKind
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.apis.fl_constant import FLContextKey
 
@@ -47,6 +47,7 @@ from medflare.common.training import pick_device
 from medflare.checks import check_int
 from medflare.common.workflow import SiteRounds
 from medflare.fediod import protocol as P
+from medflare.fediod.calibration import best_offset, check_offsets, fold_offset, offset_means, output_bias
 from medflare.fediod.networks import data_shape, server_networks
 from medflare.fediod.config import FedIODConfig
 from medflare.fediod.samples import sample_grid
@@ -104,6 +105,7 @@ class FedIODController(SiteRounds):
         self.cfg = get_preset(preset, overrides)
         self.fcfg = FedIODConfig.from_preset(self.cfg)
         self.task, _, _, self.num_classes = data_shape(self.cfg, self.fcfg)
+        check_offsets(self.fcfg.calibrate_offsets, self.task)
 
     # ---- set-up ------------------------------------------------------------------------------
     def _auxiliary_labels(self) -> torch.Tensor | None:
@@ -132,6 +134,12 @@ class FedIODController(SiteRounds):
                                    total_steps=steps_total(self.num_rounds, self.fcfg), label_maps=self._auxiliary_labels(),
                                    device=self.torch_device, seed=self.seed, log=self.warning)
         self._steps_logged = 0  # the distiller's generator steps at the last round's log line
+        self.offset = 0.0  # the decision offset of the saved student (medflare.fediod.calibration)
+        self.output_bias = ""
+        if self.fcfg.calibrate_offsets:  # checked before any site works: the student must have a per-class output bias
+            with torch.no_grad():
+                example = self.distiller.preview(2, self.seed).inputs()[0]
+            self.output_bias = output_bias(self.nets.student, example)
         self.privacy: dict[str, dict] = {}
         self.stopped: dict[str, str] = {}
         self.teachers: dict[str, dict] = {}
@@ -241,12 +249,38 @@ class FedIODController(SiteRounds):
     def _result(self) -> FLModel:
         meta = {"fediod_round": self.rnd, "fediod_sites": list(self.registered), "fediod_privacy": self.privacy,
                 "fediod_stopped": dict(self.stopped), "fediod_teachers": self.teachers, "fediod_steps": self.distiller.steps}
-        params = state_to_numpy(self.nets)
+        params = {**state_to_numpy(self.nets), **flatten({"student": self._student_state()})}
+        meta["fediod_decision_offset"] = self.offset
         check_finite(params, "server")
         return FLModel(params_type=ParamsType.FULL, params=params, meta=meta)
 
+    def _student_state(self, calibrated: bool = True) -> dict[str, np.ndarray]:
+        """The student as saved and validated: the trained one with the chosen decision offset folded in unless
+        ``calibrated`` is false."""
+        state = state_to_numpy(self.nets.student)
+        return fold_offset(state, self.output_bias, self.offset) if calibrated and self.offset else state
+
+    def _calibrate(self, rnd: int) -> None:
+        """Segmentation with ``calibrate_offsets``: the sites score the student at each decision offset on their
+        validation splits; the best mean becomes the offset of the student saved and validated this round."""
+        if not self.fcfg.calibrate_offsets:
+            return
+        student = DXO(DataKind.WEIGHTS, flatten({"student": self._student_state(calibrated=False)}), meta={P.CALIBRATE: True})
+        payloads = {s: FLModel(params=student, current_round=rnd, total_rounds=self.num_rounds) for s in self.active}
+        results = self.exchange(P.TASK_VALIDATE, payloads, rnd, min_responses=min(self._need(), len(payloads)))
+        key = self.cfg["eval"]["key_metric"]
+        means = offset_means([dict(r.params[P.PART_METRICS].data) for r in results.values() if P.PART_METRICS in (r.params or {})],
+                             key, self.fcfg.calibrate_offsets)
+        self.offset = best_offset(means)
+        if means:
+            self.info(f"round {rnd}: decision offset {self.offset:g} on the background logit (mean val_{key} over sites per "
+                      "offset: " + ", ".join(f"{d:g}: {v:.4f}" for d, v in means.items()) + ")")
+        self.tracker.scalars(self.fl_ctx, {"student/decision_offset": self.offset}, rnd)
+        if 0.0 in means:
+            self.tracker.scalars(self.fl_ctx, {f"student/val_{key}_uncalibrated": means[0.0]}, rnd)
+
     def _validate(self, rnd: int) -> None:
-        student = flatten({"student": state_to_numpy(self.nets.student)})
+        student = flatten({"student": self._student_state()})
         payloads = {s: FLModel(params_type=ParamsType.FULL, params=student, current_round=rnd, total_rounds=self.num_rounds)
                     for s in self.active}
         results = self.exchange(P.TASK_VALIDATE, payloads, rnd, min_responses=min(self._need(), len(payloads)))
@@ -297,11 +331,14 @@ class FedIODController(SiteRounds):
         self.info(f"stage 1 done: teachers of {self.registered}; stage 2 starts")
         for rnd in range(self.num_rounds + 1):
             self.rnd = rnd
+            due = rnd == self.num_rounds or self.ended or (self.validate_every and rnd % self.validate_every == 0)
+            self.start_round(rnd, self.num_rounds)
+            if due and self.active:
+                self._calibrate(rnd)
             model = self._result()
-            self.start_round(rnd, self.num_rounds, validated=model)
+            self.publish(model)
             if rnd > 0:
                 self.save_model(model)
-            due = rnd == self.num_rounds or self.ended or (self.validate_every and rnd % self.validate_every == 0)
             self._scores = {}
             if due and self.active:
                 self._validate(rnd)

@@ -11,7 +11,8 @@ Tasks (see :mod:`.protocol` for the payloads):
   answers no further windows).
 - ``fediod_gradients``: the per-input vector-Jacobian product of the window (clipped and noised as the
   site's own privacy settings say), then the discriminator's steps.
-- ``fediod_validate``: score the student the server sends on the site's validation split.
+- ``fediod_validate``: score the student the server sends on the site's validation split (asked to calibrate: its key
+  metric at each of the preset's decision offsets, :mod:`.calibration`).
 
 Nothing else leaves the site: no weights (every reply is a COLLECTION of non-weight kinds, so the
 ``no_weights`` scope passes it), no image. The site logs its (epsilon, delta) after every window and
@@ -34,6 +35,7 @@ from medflare.common.component import keep_args
 from medflare.common.payload import collection, load_numpy_state, unflatten
 from medflare.common.site_executor import SiteExecutor, format_metrics
 from medflare.fediod import protocol as P
+from medflare.fediod.calibration import lower_background, offset_metric
 from medflare.fediod.networks import data_shape, server_specs
 from medflare.fediod.site_distill import label_counts, site_distiller
 from medflare.fediod.config import FedIODConfig
@@ -184,9 +186,22 @@ class FedIODExecutor(SiteExecutor):
         student = build_from_spec(student_spec).to(self.torch_device)
         load_numpy_state(student, unflatten(dxo.data)["student"], who="server (student)")
         rnd = int(shareable.get_header(AppConstants.CURRENT_ROUND) or 0)
+        if dxo.get_meta_prop(P.CALIBRATE):
+            return self._calibration_scores(student, rnd, fl_ctx)
         metrics = {f"val_{k}": v for k, v in self.validate(student, "val").items()}
         self.tracker.scalars(fl_ctx, {"student/" + k: v for k, v in metrics.items()}, rnd)
         self.log_overlays(fl_ctx, student, "val_student", rnd, shareable.get_header(AppConstants.NUM_ROUNDS))
         self.log_info(fl_ctx, f"round {rnd}: student on '{self.site}': {format_metrics(metrics)}")
         reply = collection({P.PART_METRICS: DXO(DataKind.METRICS, metrics)}, {P.STATUS: "ok"})
         return reply.to_shareable()
+
+    def _calibration_scores(self, student: torch.nn.Module, rnd: int, fl_ctx: FLContext) -> Shareable:
+        """The student's key metric on the validation split with its background logit lowered by each decision offset."""
+        key = self.cfg["eval"]["key_metric"]
+        student.eval()
+        scores = {}
+        for offset in self.fcfg.calibrate_offsets:
+            predict = lambda x, d=offset: lower_background(student(x), d)  # noqa: E731
+            scores[offset_metric(key, offset)] = self.validate(None, "val", predict=predict, metrics=[key])[key]
+        self.log_info(fl_ctx, f"round {rnd}: student on '{self.site}' at each decision offset: {format_metrics(scores)}")
+        return collection({P.PART_METRICS: DXO(DataKind.METRICS, scores)}, {P.STATUS: "ok"}).to_shareable()

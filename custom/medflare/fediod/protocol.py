@@ -18,7 +18,9 @@ task                        server -> site         site -> server (COLLECTION pa
                             adv_weight (1,) or
                             (M, B),
                             prior_weight (1,)}
-``fediod_validate``         WEIGHTS (the student)  ``metrics`` METRICS {val_* of the student}
+``fediod_validate``         WEIGHTS (the student)  ``metrics`` METRICS {val_* of the student}; with ``CALIBRATE``
+                            (meta ``CALIBRATE``)   in the request's meta: {val_<key>_offset_<d>}, the key metric at each
+                                                   of the preset's ``calibrate_offsets`` (:mod:`.calibration`)
 ==========================  =====================  ==============================================================
 
 A site that will not answer a window (its epsilon budget would be exceeded) replies with only the
@@ -54,6 +56,7 @@ PART_METRICS = "metrics"
 STATUS = "fediod_status"  # "ok" | "stopped"
 REASON = "fediod_reason"  # why a site stopped
 WINDOW = "fediod_window"  # window index of a request (a reply must answer the window it was asked for)
+CALIBRATE = "fediod_calibrate"  # a validation request for the key metric at each decision offset (segmentation)
 
 
 def manifest() -> dict:
@@ -73,6 +76,7 @@ def manifest() -> dict:
         TASK_GRADIENTS: [Send(PART_GRADIENTS, KIND_INPUT_GRADIENTS, "clipped (+ noised under DP) input gradients (M, B, C, H, W)",
                               cadence="every window"),
                          privacy],
-        TASK_VALIDATE: [Send(PART_METRICS, "METRICS", "the student's scores on the site's validation split")],
+        TASK_VALIDATE: [Send(PART_METRICS, "METRICS", "the student's scores on the site's validation split (segmentation with "
+                                                      "calibrate_offsets: also its key metric at each decision offset)")],
     }, meta={TASK_TEACHER: [STATUS], TASK_OUTPUTS: [STATUS, REASON, WINDOW], TASK_GRADIENTS: [STATUS, WINDOW, "round"],
              TASK_VALIDATE: [STATUS]})

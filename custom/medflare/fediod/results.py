@@ -63,7 +63,8 @@ def _load(data: Mapping[str, Any], path: Path) -> StudentResult:
                 "generator": network_from(desc["generator"], parts["generator"], f"file '{path}' (generator)",
                                         build=lambda spec: build_from_spec(spec, role="generator"))}
     meta = data.get("meta_props") or {}
-    info = {k.removeprefix("fediod_"): meta[k] for k in ("fediod_round", "fediod_sites", "fediod_privacy", "fediod_stopped") if k in meta}
+    info = {k.removeprefix("fediod_"): meta[k] for k in ("fediod_round", "fediod_sites", "fediod_privacy", "fediod_stopped",
+                                                               "fediod_decision_offset") if k in meta}
     return StudentResult(path, desc, networks, info)
 
 

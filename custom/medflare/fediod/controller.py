@@ -22,7 +22,9 @@ divides the messaging cost per step by M, at the price of G's gradients being up
 Every round: the student and generator are saved through the persistor (``FedIOD_student.pt``, kind
 ``fediod_student``, with every site's (epsilon, delta) and stop reason), the sites score the student on
 their validation split every ``validate_every`` rounds (the best mean is saved as ``best_FedIOD_student.pt``
-through FLARE's GLOBAL_BEST_MODEL_AVAILABLE event, as IntimeModelSelector does), generated samples go to
+through FLARE's GLOBAL_BEST_MODEL_AVAILABLE event, as IntimeModelSelector does; segmentation with
+``calibrate_offsets``: the sites first score the student at each decision offset, and the student saved and validated
+carries the best one, :mod:`.calibration`), generated samples go to
 TensorBoard (``tb_events/server``). The distillation ends early, cleanly and saved, when fewer than
 ``min_responses`` sites (0 = all) still answer.
 """

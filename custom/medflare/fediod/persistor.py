@@ -4,7 +4,8 @@
 are FLARE PT checkpoints: ``{"model": {"student.*", "generator.*"}, "train_conf": {"medflare": ...},
 "meta_props": {...}}``. The ``medflare`` entry has kind ``fediod_student`` with the student's and the
 generator's specs, so ``medflare evaluate`` scores the student and ``medflare sample`` runs the generator;
-``meta_props`` holds the round, the sites and each site's (epsilon, delta) and stop reason.
+``meta_props`` holds the round, the sites, each site's (epsilon, delta) and stop reason, and the decision offset
+folded into the student (:mod:`.calibration`; 0 without one).
 """
 
 from __future__ import annotations

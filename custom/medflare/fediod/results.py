@@ -3,7 +3,8 @@
 Kind ``fediod_student`` (written by :mod:`.persistor`, the only writer): the student S (what ``evaluate`` / ``predict`` score: accuracy,
 or Dice, sensitivity, specificity, HD95, and AJI / object Dice with ``--metrics`` on instance data) and the
 generator G (what ``sample`` runs: ``--num`` unconditioned images for classification, one image per label
-map of ``--labels`` for segmentation). ``show`` lists each site's (epsilon, delta) and why a site stopped.
+map of ``--labels`` for segmentation). ``show`` lists each site's (epsilon, delta), why a site stopped and the
+segmentation student's decision offset (:mod:`.calibration`; already folded into the saved weights).
 """
 
 from __future__ import annotations

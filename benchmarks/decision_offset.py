@@ -1,6 +1,8 @@
 """How a saved segmentation model's Dice moves with its decision offset: for each offset the background logit is lowered
 by (``medflare.fediod.calibration``), the client-average Dice on the sites' validation and test splits, and the offset the
-validation picks (the rule of ``fediod.calibrate_offsets``: the best mean over the sites, ties to the offset nearest 0).
+validation picks (the rule of ``fediod.calibrate_offsets``: the best mean over the sites, ties to the offset nearest 0),
+and for comparison the pick of the median over the sites and the client average when each site picks its own offset
+on its own validation split.
 
 Used for jobs/fediod_seg/README.md, "The decision offset": FedIOD-seg students (the offset lifts their test Dice)
 against FedAvg global models of the same sites (it does not).
@@ -20,6 +22,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from medflare.common.training import make_loader
@@ -56,7 +59,10 @@ def offset_table(path: str, sites: list[str], offsets: list[float]) -> dict:
                             for site, ((z, y), n) in cached[split].items()}
                     for split in SPLITS}
     means = {d: sum(row["validation"].values()) / len(sites) for d, row in table.items()}
-    return {"offsets": table, "chosen": best_offset(means)}
+    medians = {d: float(np.median(list(row["validation"].values()))) for d, row in table.items()}
+    own = {site: best_offset({d: row["validation"][site] for d, row in table.items()}) for site in sites}
+    return {"offsets": table, "chosen": best_offset(means), "chosen_by_median": best_offset(medians), "own_offsets": own,
+            "own_offsets_test": sum(table[own[site]]["testing"][site] for site in sites) / len(sites)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
             mark = " (chosen)" if d == res["chosen"] else ""
             val, test = (sum(row[s].values()) / len(sites) for s in SPLITS)
             print(f"| {d:g}{mark} | {val:.2f} | {test:.2f} | " + " / ".join(f"{row['testing'][s]:.2f}" for s in sites) + " |")
+        by_median = res["chosen_by_median"]
+        print(f"picked by the median over the sites instead of the mean: {by_median:g} (test client average "
+              f"{sum(res['offsets'][by_median]['testing'].values()) / len(sites):.2f}); each site its own offset on its own "
+              f"validation split ({', '.join(f'{s} {d:g}' for s, d in res['own_offsets'].items())}): {res['own_offsets_test']:.2f}")
     if a.out:
         Path(a.out).write_text(json.dumps(report, indent=1))
     return 0

@@ -251,23 +251,19 @@ class FedIODController(SiteRounds):
     def _result(self) -> FLModel:
         meta = {"fediod_round": self.rnd, "fediod_sites": list(self.registered), "fediod_privacy": self.privacy,
                 "fediod_stopped": dict(self.stopped), "fediod_teachers": self.teachers, "fediod_steps": self.distiller.steps}
-        params = {**state_to_numpy(self.nets), **flatten({"student": self._student_state()})}
+        params = state_to_numpy(self.nets)
+        if self.offset:  # the saved (and validated) student carries the decision offset; the trained one does not
+            params = fold_offset(params, f"student.{self.output_bias}", self.offset)
         meta["fediod_decision_offset"] = self.offset
         check_finite(params, "server")
         return FLModel(params_type=ParamsType.FULL, params=params, meta=meta)
-
-    def _student_state(self, calibrated: bool = True) -> dict[str, np.ndarray]:
-        """The student as saved and validated: the trained one with the chosen decision offset folded in unless
-        ``calibrated`` is false."""
-        state = state_to_numpy(self.nets.student)
-        return fold_offset(state, self.output_bias, self.offset) if calibrated and self.offset else state
 
     def _calibrate(self, rnd: int) -> None:
         """Segmentation with ``calibrate_offsets``: the sites score the student at each decision offset on their
         validation splits; the best mean becomes the offset of the student saved and validated this round."""
         if not self.fcfg.calibrate_offsets:
             return
-        student = DXO(DataKind.WEIGHTS, flatten({"student": self._student_state(calibrated=False)}), meta={P.CALIBRATE: True})
+        student = DXO(DataKind.WEIGHTS, flatten({"student": state_to_numpy(self.nets.student)}), meta={P.CALIBRATE: True})
         payloads = {s: FLModel(params=student, current_round=rnd, total_rounds=self.num_rounds) for s in self.active}
         results = self.exchange(P.TASK_VALIDATE, payloads, rnd, min_responses=min(self._need(), len(payloads)))
         key = self.cfg["eval"]["key_metric"]
@@ -281,8 +277,9 @@ class FedIODController(SiteRounds):
         if 0.0 in means:
             self.tracker.scalars(self.fl_ctx, {f"student/val_{key}_uncalibrated": means[0.0]}, rnd)
 
-    def _validate(self, rnd: int) -> None:
-        student = flatten({"student": self._student_state()})
+    def _validate(self, rnd: int, model: FLModel) -> None:
+        """The sites score ``model``'s student (this round's :meth:`_result`: the student as saved)."""
+        student = {k: v for k, v in model.params.items() if k.startswith("student.")}
         payloads = {s: FLModel(params_type=ParamsType.FULL, params=student, current_round=rnd, total_rounds=self.num_rounds)
                     for s in self.active}
         results = self.exchange(P.TASK_VALIDATE, payloads, rnd, min_responses=min(self._need(), len(payloads)))
@@ -343,7 +340,7 @@ class FedIODController(SiteRounds):
                 self.save_model(model)
             self._scores = {}
             if due and self.active:
-                self._validate(rnd)
+                self._validate(rnd, model)
             if rnd == self.num_rounds or self.ended:
                 self._report(rnd)
                 break

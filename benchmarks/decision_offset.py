@@ -27,20 +27,9 @@ import torch
 
 from medflare.common.training import make_loader
 from medflare.evaluation import open_result, sources
-from medflare.fediod.calibration import best_offset, lower_background
-from medflare.metrics import evaluate
+from medflare.fediod.calibration import best_offset, scores_at_offsets, split_logits
 
 SPLITS = ("validation", "testing")
-
-
-def logits(predictor, dataset) -> tuple[torch.Tensor, torch.Tensor]:
-    """The predictor's logits and the labels of every case of ``dataset`` (one forward pass; offsets are applied after)."""
-    out, labels = [], []
-    with torch.no_grad():
-        for batch in make_loader(dataset, 16, False):
-            out.append(predictor(batch["image"]))
-            labels.append(batch["label"])
-    return torch.cat(out), torch.cat(labels)
 
 
 def offset_table(path: str, sites: list[str], offsets: list[float]) -> dict:
@@ -50,14 +39,11 @@ def offset_table(path: str, sites: list[str], offsets: list[float]) -> dict:
     if isinstance(predictor, torch.nn.Module):
         predictor.eval()
     data_cfg = result.description["data"]
-    cached = {split: {site: (logits(predictor, ds), n) for site, (ds, _, n) in sources(data_cfg, split, sites=sites).items()}
+    scores = {split: {site: scores_at_offsets(split_logits(predictor, make_loader(ds, 16, False)), offsets, "dice", n)
+                      for site, (ds, _, n) in sources(data_cfg, split, sites=sites).items()}
               for split in SPLITS}
-    table = {}
-    for d in offsets:
-        table[d] = {split: {site: 100 * evaluate(None, [{"image": lower_background(z, d), "label": y}], task="segmentation",
-                                                 num_classes=n, metrics=["dice"], predict=lambda v: v)["mean"]["dice"]
-                            for site, ((z, y), n) in cached[split].items()}
-                    for split in SPLITS}
+    table = {d: {split: {site: 100 * by_offset[d] for site, by_offset in scores[split].items()} for split in SPLITS}
+             for d in offsets}
     means = {d: sum(row["validation"].values()) / len(sites) for d, row in table.items()}
     medians = {d: float(np.median(list(row["validation"].values()))) for d, row in table.items()}
     own = {site: best_offset({d: row["validation"][site] for d, row in table.items()}) for site in sites}

@@ -1,6 +1,7 @@
 """The segmentation student's decision offset (medflare.fediod.calibration): the folded student computes the shifted
-logits exactly, the chosen offset is the best mean over sites (0 on a tie), and a student without a per-class output
-bias, or a classification preset, is refused."""
+logits exactly, one forward pass scores every offset as evaluating the shifted model would, the chosen offset is the
+best mean over sites (0 on a tie), and a student without a per-class output bias, or a classification preset, is
+refused."""
 
 import pytest
 import torch
@@ -8,7 +9,8 @@ import torch
 from medflare import ConfigError
 from medflare.common.payload import state_to_numpy
 from medflare.fediod.calibration import (best_offset, check_offsets, fold_offset, lower_background, offset_means, offset_metric,
-                                         output_bias)
+                                         output_bias, scores_at_offsets, split_logits)
+from medflare.metrics import evaluate
 from medflare.fediod.config import FedIODConfig
 from medflare.fediod.networks import server_networks
 from medflare.presets import get_preset
@@ -35,6 +37,20 @@ def test_the_folded_student_computes_the_lowered_background_logit():
     assert (shifted.argmax(1) > 0).sum() >= (raw.argmax(1) > 0).sum()
     with torch.no_grad():
         assert torch.equal(student(x), raw)
+
+
+def test_one_forward_pass_scores_every_offset_as_the_shifted_model_scores():
+    student, cfg = _student()
+    size, g = cfg["data"]["image_size"], torch.Generator().manual_seed(1)
+    loader = [{"image": torch.randn(4, 1, size, size, generator=g), "label": torch.randint(0, 3, (4, 1, size, size), generator=g)}
+              for _ in range(3)]
+    offsets = [-1.0, 0.0, 1.5, 3.0]
+    scores = scores_at_offsets(split_logits(student, loader), offsets, "dice", 3)
+    for d in offsets:
+        shifted = evaluate(None, loader, task="segmentation", num_classes=3, metrics=["dice"],
+                           predict=lambda x, d=d: lower_background(student(x), d))["mean"]["dice"]
+        assert scores[d] == pytest.approx(shifted, abs=1e-6)
+    assert len({round(v, 6) for v in scores.values()}) > 1  # the offsets change the decision
 
 
 def test_a_student_whose_output_is_normalised_has_no_offset_to_fold():

@@ -17,12 +17,13 @@ training is not changed.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from medflare import ConfigError
+from medflare.metrics import evaluate
 
 
 def lower_background(logits: torch.Tensor, offset: float) -> torch.Tensor:
@@ -32,6 +33,23 @@ def lower_background(logits: torch.Tensor, offset: float) -> torch.Tensor:
     shift = torch.zeros(logits.shape[1], dtype=logits.dtype, device=logits.device)
     shift[0] = offset
     return logits - shift.view(1, -1, *([1] * (logits.ndim - 2)))
+
+
+def split_logits(predict: Callable[[torch.Tensor], torch.Tensor], loader: Iterable[Mapping], device="cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(logits on the CPU, labels)`` of every batch of ``loader`` (one forward pass, no gradients): what
+    :func:`scores_at_offsets` scores."""
+    with torch.no_grad():
+        return [(predict(torch.as_tensor(b["image"]).to(device)).cpu(), b["label"]) for b in loader]
+
+
+def scores_at_offsets(batches: Sequence[tuple[torch.Tensor, torch.Tensor]], offsets: Sequence[float], key: str,
+                      num_classes: int) -> dict[float, float]:
+    """``{offset: key metric}`` of logits at each offset, from one forward pass: ``batches`` are ``(logits, labels)`` of a
+    whole split (the class means need every case, :mod:`medflare.metrics.site_mean`), scored as ``medflare evaluate``
+    scores a model's output."""
+    return {float(d): evaluate(None, [{"image": lower_background(z, d), "label": y} for z, y in batches], task="segmentation",
+                               num_classes=num_classes, metrics=[key], predict=lambda v: v)["mean"][key]
+            for d in offsets}
 
 
 def offset_metric(key: str, offset: float) -> str:

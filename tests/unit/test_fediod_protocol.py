@@ -242,6 +242,24 @@ def test_extra_student_steps_fit_the_ensemble_better_without_extra_messages():
     assert fit_four < 0.8 * fit_one, (fit_one, fit_four)
 
 
+@pytest.mark.parametrize("prob", [0.0, 1.0])
+def test_only_the_students_replay_steps_see_perturbed_images(prob):
+    """Algorithm 1's step (whose output enters G's loss) takes G's image as drawn, the bank keeps it as drawn, and the
+    replay steps take a perturbed copy (with student_augment 0: the bank's entries themselves)."""
+    dist, fed, _, _ = _setup("segmentation", lam={"student_steps": 3, "replay_size": 64, "student_augment": prob})
+    seen = []
+    hook = dist.S.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach().clone()))
+    window = dist.sample(steps=1)
+    dist.combine(window, fed.outputs(window.inputs(), window.labels())[0])
+    hook.remove()
+    x = window.inputs()[0]
+    assert len(seen) == 3 and torch.equal(seen[0], x) and torch.equal(dist.bank.x, x)
+    # the bank holds only this batch, so a replay step's batch is made of its images, perturbed or not
+    for batch in seen[1:]:
+        as_drawn = all(any(torch.equal(img, ref) for ref in x) for img in batch)
+        assert as_drawn == (prob == 0.0)
+
+
 def test_algorithm_1_keeps_no_bank():
     dist, fed, _, _ = _setup("classification")
     dist.run_window(fed)

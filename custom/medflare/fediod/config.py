@@ -32,6 +32,9 @@ defaults below fill the keys a preset leaves out.
                                    # a batch drawn from the replay bank (not the paper; no extra messages)
       "replay_size": 0,            # past generated inputs (+ their ensemble logits) the server keeps for those steps
                                    # (medflare.fediod.replay; 0 = the extra steps repeat the current batch)
+      "student_augment": 0.0,      # probability of each intensity perturbation (blur, gamma, bias field, noise) of a
+                                   # replayed image before the student's step (not the paper; medflare.fediod.augment;
+                                   # 0 = off)
       "lr_generator": 1e-3, "lr_student": 1e-3, "lr_discriminator": 1e-3, "cosine": true,
       "label_source": "auxiliary-labels",  # segmentation: whose label maps condition G (server-side auxiliary labels)
       "calibrate_offsets": [],     # segmentation: background-logit offsets the sites score the student at on their
@@ -54,7 +57,7 @@ class FedIODConfig(Section):
     """Distillation settings; each key's meaning in the module docstring. Defaults: generator
     ``latent_generator`` (latent_dim 100, width 64), discriminator ``patch_critic`` (width 32, 2 layers), batch_size 64,
     steps_per_window 8, windows_per_round 4, tau 1, mimic_tau 0, lambda_conf / lambda_unique / lambda_mimic / lambda_gan 1,
-    lambda_balance 0, lambda_bn 0, lambda_label 0, student_label 0, conditional_critic true, ensemble "eq8", ensemble_tau 0, gan_weighting "data_size", student_steps 1, replay_size 0,
+    lambda_balance 0, lambda_bn 0, lambda_label 0, student_label 0, conditional_critic true, ensemble "eq8", ensemble_tau 0, gan_weighting "data_size", student_steps 1, replay_size 0, student_augment 0,
     lr_generator / lr_student / lr_discriminator 1e-3, cosine true, label_source "auxiliary-labels", calibrate_offsets [],
     image_size 0."""
 
@@ -80,6 +83,7 @@ class FedIODConfig(Section):
     gan_weighting: str = setting("data_size", OneOf(GAN_WEIGHTINGS))
     student_steps: int = setting(1, Int(1))
     replay_size: int = setting(0, Int(0))
+    student_augment: float = setting(0.0, Number(0.0, 1.0))
     lr_generator: float = setting(1e-3, POSITIVE)
     lr_student: float = setting(1e-3, POSITIVE)
     lr_discriminator: float = setting(1e-3, POSITIVE)

@@ -52,6 +52,7 @@ from medflare import MedflareError, PayloadError
 from medflare.fediod.config import FedIODConfig
 from medflare.fediod.losses import (aggregate, balance_loss, conf_loss, ensemble_weights, label_loss, label_ratio, mimic_loss, site_weights,
                                     unique_loss)
+from medflare.fediod.augment import IntensityAugment
 from medflare.fediod.replay import ReplayBank
 
 
@@ -141,6 +142,8 @@ class Distiller:
         self.rng = torch.Generator().manual_seed(int(seed))
         # past generated inputs + ensemble logits for the student's extra steps (own stream: G's noise is untouched)
         self.bank = ReplayBank(config.replay_size, seed=int(seed) + 1) if config.replay_size else None
+        # intensity perturbations of the replayed images (student_augment; own random states, G's noise untouched)
+        self.augment = IntensityAugment(config.student_augment, seed=int(seed) + 2)
         self.log = log or (lambda message: None)
         self.sites: dict[str, SiteInfo] = {}
         self.codes: dict[str, int] = {}
@@ -287,7 +290,8 @@ class Distiller:
 
         Step 1 is Algorithm 1's, on this batch (``first`` = S(x), already computed). With ``student_steps`` > 1
         each further step trains S on a batch drawn from the replay bank (:mod:`medflare.fediod.replay`), which
-        this batch has joined, or on this batch again when ``replay_size`` is 0. No message is added.
+        this batch has joined, or on this batch again when ``replay_size`` is 0, its images perturbed in intensity
+        with ``student_augment`` (:mod:`medflare.fediod.augment`). No message is added.
         """
         label = label if self.cfg.student_label else None
         if self.bank is not None:
@@ -295,7 +299,7 @@ class Distiller:
         loss = self._student_step(first, target, label)
         for _ in range(self.cfg.student_steps - 1):
             xs, ts, ls = self.bank.draw(len(x)) if self.bank is not None else (x, target, label)
-            self._student_step(self.S(xs), ts, ls)
+            self._student_step(self.S(self.augment(xs)), ts, ls)
         return loss
 
     def _student_step(self, out: torch.Tensor, target: torch.Tensor, label: torch.Tensor | None = None) -> torch.Tensor:

@@ -51,7 +51,10 @@ GRACE = 10  # s a job waits after the dead-site report before the site counts as
 # ended FedAvg so once more (2026-11-27; its job log ended on a result download cut by the job's shutdown), which 26
 # tries here did not reproduce (the test alone 5 times and beside the end-to-end runs 11, the whole suite twice, the
 # victim killed at random rounds 8 times, 4 of them beside 4 CPU-bound processes); FLARE 2.9 also fails a job whose site's job process exits with an error (process_job_failure, an INFO line),
-# so a failure now prints every site's exit code, the server's "Failing job" lines and the logs' ends (_why)
+# so a failure now prints every site's exit code, the server's "Failing job" lines and the logs' ends (_why). The
+# cause, caught by a clean-clone suite run here on 2026-11-28: the victim was killed while pushing a result, and the
+# server job cell exited on that message's undecodable arrays as the job shut down (see the test; accepted with its
+# log lines since)
 LEAD = 5
 JOB_TIMEOUT = 600  # s per job on a loaded 2-core machine
 DROP_BOUND = 240  # s from a site's death to the next aggregated round (HEART_BEAT + 5 + GRACE + a round)
@@ -116,6 +119,16 @@ def _why(fed, ws: Path, job_id: str, keep: int = 40) -> str:
     return "\n".join([*out, f"job {job_id}:", *own[-keep:], "its last lines:", *job_log[-keep:]])
 
 
+def _dead_upload_after_the_end(ws: Path, name: str, victim: str) -> bool:
+    """Whether the job's log shows the workflow finished (its result saved) and only then the server job cell exiting
+    on a streamed submit_update whose arrays could not be downloaded from ``victim`` (see the test)."""
+    log = _lines(ws / "log.txt")
+    finished = next((i for i, line in enumerate(log) if f"{name} finished: result" in line), None)
+    exits = [i for i, line in enumerate(log) if "failed to decode streamed submit_update in server job cell" in line
+             and f"failed to download from {victim}." in line]
+    return finished is not None and bool(exits) and all(i > finished for i in exits)
+
+
 def _lines(path: Path) -> list[str]:
     return path.read_text(errors="replace").splitlines() if path.is_file() else []
 
@@ -158,6 +171,13 @@ def test_jobs_go_on_without_a_dead_site(fed, sess):
             # cause is accepted, and the checks below prove every round was aggregated
             server_log = "\n".join(_lines(fed.kit(fed.server) / "log.txt"))
             assert f"Failing job {job_id}: terminal outcome unavailable from {victim}: client dead" in server_log, (name, meta["status"])
+        elif meta["status"] == "FINISHED:EXECUTION_EXCEPTION" and _dead_upload_after_the_end(ws, name, victim):
+            # FLARE 2.9 fails a job whose server job cell cannot decode a streamed submit_update (cellnet/cell.py:
+            # os._exit(1)): when the victim is killed while pushing a result, the server holds that message's header
+            # and waits on the download of its arrays from the dead site until the job's shutdown stops the download
+            # service, after the workflow saved its result; only that cause is accepted, and the checks below prove
+            # every round was aggregated (provisioning/README.md section 10)
+            pass
         elif meta["status"] != "FINISHED:COMPLETED":
             # pytest.fail prints the whole text (an assert's message is cut to a few hundred characters in the summary)
             pytest.fail(f"{name}: {meta['status']}\n{_why(fed, ws, job_id)}", pytrace=False)

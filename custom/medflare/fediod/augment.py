@@ -12,10 +12,10 @@ Only the replay steps see perturbed images (``student_steps`` - 1 per generated 
 output also enters G's loss through L_mimic, is on G's image as drawn. Server-side post-processing of G's own outputs:
 no message, nothing the sites sent is touched. Plain torch + MONAI, no FLARE.
 
-Measured (jobs/fediod_seg/README.md, "Intensity perturbations"): through FLARE at ``fediod_seg``, seeds 0-2, 71.21 +-
-3.85 -> 71.80 +- 2.30 client-average Dice with probability 0.5, a gain inside the seed spread (the worst seed +2.3, one
-seed -1.0); segmentation only (the classification presets keep 0). The transforms run per image on the CPU (about 10 ms
-for a 64x64 blur), and the bias field can take an image above 1.
+Measured (jobs/fediod_seg/README.md, "Intensity perturbations"): through FLARE at ``fediod_seg`` with probability 0.5,
+client-average Dice +2.34 / +0.39 / -0.98 / -3.24 at seeds 0-3 against the same job without (paired mean -0.37; one
+site, site-4, lower at three seeds), so every preset keeps 0. The transforms run per image on the CPU (about 10 ms for a
+64x64 blur), and the bias field can take an image above 1.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ def test_the_perturbation_keeps_shape_and_dtype_is_seeded_and_off_at_zero():
     assert torch.equal(y, IntensityAugment(0.5, seed=3)(x))  # the same seed, the same draws
     assert not torch.equal(y, IntensityAugment(0.5, seed=4)(x))
     changed = (y - x).abs().flatten(1).amax(1) > 1e-6
-    assert 0 < int(changed.sum()) <= len(x)  # each transform per image with probability 0.5: most images change
+    # four transforms, each with probability 0.5 per image: an image is left as it was with probability 1/16
+    assert int(changed.sum()) >= len(x) - 1, changed
     assert IntensityAugment(0.0)(x) is x
     assert IntensityAugment(1.0)(torch.rand(2, 1, 8, 8, 8)).shape == (2, 1, 8, 8, 8)  # volumes too
     with pytest.raises(ValueError, match="probability"):

@@ -40,7 +40,7 @@ from medflare.data import load_site  # noqa: E402
 from medflare.fedsm.routing import selection_frequency  # noqa: E402
 from medflare.fedsm.persistor import SUPER_MODEL_FILE  # noqa: E402
 from medflare.fedsm.results import load_super_model  # noqa: E402
-from medflare.fedsm.routing import DEFAULT_GAMMA  # noqa: E402
+from medflare.fedsm.routing import DEFAULT_GAMMA, gamma_text  # noqa: E402
 from medflare.presets import get_preset  # noqa: E402
 from medflare.report.runner import run_job  # noqa: E402
 
@@ -49,6 +49,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: each run's server line on the gamma it chose from its sites' validation cases, by run name (the seen / unseen table)
 GAMMA_CHOICES: dict[str, str] = {}
+#: each run's server lines with every site's own sweep (seen / left out per gamma), by run name
+SWEEP_LINES: dict[str, list[str]] = {}
+#: the unseen sweep's row of the thresholds per site a run chose (its last word is the gamma column of the table)
+PER_SITE_ROW = "gamma chosen-per-site"
 
 
 def run_fedsm(name: str, sites: list[str], rounds: int, preset: str, work: Path, lam: float = 0.7, extra_rounds: int = 0,
@@ -60,9 +64,11 @@ def run_fedsm(name: str, sites: list[str], rounds: int, preset: str, work: Path,
     run = run_job("fedsm", work / name, sites, preset=preset, timeout=7200, workflow_args={"num_rounds": rounds},
                   overrides=overrides, seed=seed)["run"]
     server_log = run.workspace / "server" / "log.txt"
-    chosen = re.findall(r"gamma chosen on the sites' validation cases .*", server_log.read_text()) if server_log.is_file() else []
+    text = server_log.read_text() if server_log.is_file() else ""
+    chosen = re.findall(r"(?:one gamma for all sites|gamma per site), chosen on .*", text)
     if chosen:
-        GAMMA_CHOICES[name] = chosen[-1]
+        GAMMA_CHOICES[name] = " / ".join(chosen)
+    SWEEP_LINES[name] = re.findall(r"gamma sweep of .*", text)
     model_file = run.app_server / SUPER_MODEL_FILE
     if run.returncode != 0 or not model_file.is_file():
         raise RuntimeError(f"{name} failed:\n{run.log[-3000:]}")
@@ -134,10 +140,11 @@ def _chosen_line(unseen: dict[str, Any], held_out: str, key: str) -> str:
     gamma = unseen.get("chosen_gamma")
     if gamma is None:
         return "(this run predates the gamma chosen from validation)"
-    row = unseen["sweep"].get(f"gamma {float(gamma)}")
+    per_site = not isinstance(gamma, (int, float))
+    row = unseen["sweep"].get(PER_SITE_ROW if per_site else f"gamma {float(gamma)}")
     score = f"{100 * row['sites'][held_out][key]:.2f}" if row else "not in the sweep"
     best = max((t["sites"][held_out][key], name.split()[-1]) for name, t in unseen["sweep"].items() if "sites" in t)
-    return (f"The run chose gamma {gamma:g} from its sites' validation cases (seen and left out one at a time): "
+    return (f"The run chose {gamma_text(gamma, unseen['train_sites'])} from its sites' validation cases (seen and left out one at a time): "
             f"{key} {score} on {held_out}; the sweep's best on it is gamma {best[1]} ({100 * best[0]:.2f})."
             + (f" The server's line: `{unseen['gamma_choice']}`" if unseen.get("gamma_choice") else ""))
 
@@ -208,11 +215,16 @@ def main(argv=None) -> int:
                 sm, _, sec, _ = run_fedsm(f"fedsm_without_{held_out}", train_sites, args.rounds, args.preset, work, **common)
                 sweep = super_rows(sm, [held_out], args.preset, gammas)
                 sweep.pop("personalised (own)", None)
+                if not isinstance(sm.info["gamma"], (int, float)):  # the thresholds per site the run chose
+                    table = score_sites(None, [held_out], args.preset, predict=sm.predictor(sm.info["gamma"]))
+                    table["selection"] = {s: selection_frequency(c, sm.sites) for s, c in table.pop("choices").items()}
+                    sweep[PER_SITE_ROW] = table
                 seen = super_rows(sm, train_sites, args.preset, [DEFAULT_GAMMA, 1.0])
                 results["sweeps"].setdefault("unseen", {})[held_out] = {"sweep": sweep, "seen": seen, "seconds": sec,
                                                                           "identification": site_identification(sm, train_sites, args.preset),
-                                                                          "chosen_gamma": sm.info["gamma"],
-                                                                          "gamma_choice": GAMMA_CHOICES.get(f"fedsm_without_{held_out}")}
+                                                                          "chosen_gamma": sm.info["gamma"], "train_sites": sm.sites,
+                                                                          "gamma_choice": GAMMA_CHOICES.get(f"fedsm_without_{held_out}"),
+                                                                          "site_sweeps": SWEEP_LINES.get(f"fedsm_without_{held_out}", [])}
                 log(f"unseen {held_out}: {sec:.0f} s")
 
         if args.baselines not in ("", "none"):

@@ -488,6 +488,13 @@ def test_record_gamma_rewrites_the_best_file_and_every_later_save_keeping_the_we
     assert all(torch.equal(a, b) for a, b in zip(before.global_model.state_dict().values(), after.global_model.state_dict().values()))
     pers.save_model_file(str(tmp_path / "final.pt"))
     assert load_super_model(tmp_path / "final.pt").info["gamma"] == pytest.approx(0.01)
+    # one threshold per site (what a run that chose them from validation records): the default of evaluate
+    pers.record_gamma([0.01, 1e-12])
+    per_site = load_super_model(best)
+    assert per_site.info["gamma"] == [0.01, 1e-12]
+    (label, predictor), = per_site.predictors({})
+    assert label == "super model, gamma per site (site-1 0.01, site-2 1e-12)" and predictor.gamma == [0.01, 1e-12]
+    assert [name for name, _ in per_site.predictors({"gamma": [0.05, 1.0]})] == ["super model, gamma 0.05", "super model, gamma 1.0"]
 
 
 # ---- the site's reply as FLARE's filters and the server see it ----------------------------------------

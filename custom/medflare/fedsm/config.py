@@ -39,10 +39,11 @@ class FedSMConfig(Section):
         gamma: Algorithm 2's threshold on the selector's typicality, used for the scores the sites report and stored in
             the super model as the default of ``medflare evaluate``: about the share of a seen site's cases sent to the
             global model (jobs/fedsm/README.md, "Choosing gamma"), in [0, 1]. Default 0.05.
-        gamma_from_validation: after the last round, replace ``gamma`` in the saved super model by the threshold of
-            :data:`medflare.fedsm.scoring.GAMMA_GRID` that scores best on the sites' validation cases, as seen sites and
-            left out one at a time as if new (:func:`medflare.fedsm.scoring.choose_gamma`); false: keep ``gamma``.
-            Default true.
+        gamma_from_validation: after the last round, replace ``gamma`` in the saved super model by one threshold per
+            site from :data:`medflare.fedsm.scoring.GAMMA_GRID`, each the one whose cases (those most typical of that
+            site) score best on the sites' validation cases, as seen sites and left out one at a time as if new
+            (:func:`medflare.fedsm.scoring.choose_site_gammas`; one for all when a site sends no per-site shares);
+            false: keep ``gamma``. Default true.
         selector: arguments of :class:`~medflare.fedsm.selector.EncoderGaussianSelector`: ``levels`` (encoder levels
             read, >= 1; the selector's default 2) and ``shrinkage`` (covariance shrinkage in [0, 1]; default 0.2).
             Default {} (both at the selector's defaults).

@@ -18,7 +18,7 @@ validation is one more round in which nothing is trained, so the final super mod
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from nvflare.apis.dxo import DXO, DataKind
@@ -35,7 +35,7 @@ from medflare.fedsm import protocol as P
 from medflare.fedsm.aggregate import SiteReply, SuperState, aggregate_round
 from medflare.fedsm.extra import HeadAdam
 from medflare.fedsm.persistor import SuperModelPersistor
-from medflare.fedsm.scoring import choose_gamma
+from medflare.fedsm.scoring import SWEEP_NAME, choose_gamma, choose_site_gammas
 from medflare.fedsm.config import FedSMConfig
 from medflare.fedsm.selector import build_selector, selector_spec
 from medflare.fedsm.softpull import check_lambda
@@ -160,9 +160,11 @@ class FedSMController(SiteRounds):
                 self.info(f"round {rnd}: {site} sent {sizes}")
         return mean
 
-    def _choose_gamma(self, results: Mapping[str, FLModel]) -> None:
-        """The super model's gamma from the sites' final validation sweeps (:func:`medflare.fedsm.scoring.choose_gamma`):
-        logged as a table, recorded by the persistor in the files it saves from now on and in the best file."""
+    def _choose_gamma(self, results: Mapping[str, FLModel], sites: Sequence[str]) -> None:
+        """The super model's thresholds from the sites' final validation sweeps: one per site
+        (:func:`medflare.fedsm.scoring.choose_site_gammas`), or one for all (:func:`~medflare.fedsm.scoring.choose_gamma`)
+        where a site's reply lacks the per-site shares; logged as tables, recorded by the persistor in the files it saves
+        from now on and in the best file."""
         per_site = {site: dict(res.params[P.METRICS_PART].data) for site, res in results.items()
                     if isinstance(res.params, Mapping) and isinstance(res.params.get(P.METRICS_PART), DXO)}
         gamma, table = choose_gamma(per_site, self.key, self.gamma)
@@ -170,9 +172,22 @@ class FedSMController(SiteRounds):
             self.warning(f"no site reported validation scores per gamma: the super model keeps gamma {self.gamma}")
             return
         rows = "; ".join(f"gamma {g:g}: seen {100 * seen:.2f} %, unseen {100 * unseen:.2f} %" for g, (seen, unseen) in table.items())
-        self.info(f"gamma chosen on the sites' validation cases ({len(per_site)} sites, mean {self.key} as seen sites and "
-                  f"left out one at a time): {gamma:g} (configured {self.gamma:g}); {rows}")
-        self.persistor.record_gamma(gamma)
+        self.info(f"one gamma for all sites, chosen on the sites' validation cases ({len(per_site)} sites, mean {self.key} as seen "
+                  f"sites and left out one at a time): {gamma:g} (configured {self.gamma:g}); {rows}")
+        for site, m in sorted(per_site.items()):
+            cells = ", ".join(f"{g:g}: {100 * m.get(SWEEP_NAME.format(what='super', key=self.key, gamma=g), float('nan')):.2f}"
+                              f" / {100 * m.get(SWEEP_NAME.format(what='unseen', key=self.key, gamma=g), float('nan')):.2f}" for g in table)
+            self.info(f"gamma sweep of {site} (seen / left out, %): {cells}")
+        chosen = choose_site_gammas(per_site, self.key, len(sites))
+        if chosen is None:
+            self.warning("a site sent no per-site shares of its sweep (an older medflare?): one gamma for all sites")
+            self.persistor.record_gamma(gamma)
+            return
+        gammas, shares = chosen
+        one = sum(table[gamma]) / 2
+        self.info("gamma per site, chosen on the same cases: " + ", ".join(f"{s} {g:g}" for s, g in zip(sites, gammas))
+                  + f"; mean {self.key} (seen + left out) / 2: {100 * sum(shares):.2f} % with them, {100 * one:.2f} % with {gamma:g} for all")
+        self.persistor.record_gamma(gammas)
 
     def _report(self, results: Mapping[str, FLModel], rnd: int, total: int) -> None:
         """The round's summary line and federation curve: the super model as the sites scored it (``own_or_global``,
@@ -216,7 +231,7 @@ class FedSMController(SiteRounds):
             return
         final.meta["metrics"] = self._scores(results, total)
         if self.gamma_from_validation:
-            self._choose_gamma(results)  # before the final model is saved or judged best, so its files record it
+            self._choose_gamma(results, state.sites)  # before the final model is saved or judged best, so its files record it
         self.publish(final)
         self.aggregate(results, lambda _: final)
         self.save_model(final)

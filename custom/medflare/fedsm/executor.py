@@ -20,7 +20,8 @@ the selector head on those labels (a WEIGHT_DIFF part, :mod:`.extra`).
 
 Task ``validate``: score the final super model on validation and test splits with every site's personalised
 model (exact super-model scores), and on validation at every threshold of the gamma grid, as a seen site and as if
-this site were new (:func:`medflare.fedsm.scoring.gamma_sweep`; the server chooses the super model's gamma from them);
+this site were new, also split by the site each case is most typical of (:func:`medflare.fedsm.scoring.gamma_sweep`;
+the server chooses the super model's threshold per site from them);
 the reply holds metrics only (a COLLECTION with one METRICS part).
 """
 

@@ -12,7 +12,8 @@ def _gammas(text: str) -> list[float]:
     return gammas
 
 
-GAMMA = Option("gamma", "typicality threshold(s) of Algorithm 2, comma-separated for a sweep (default: the job's): "
+GAMMA = Option("gamma", "typicality threshold(s) of Algorithm 2, each for every site, comma-separated for a sweep "
+                        "(default: the job's, one per site where the run chose them from validation): "
                         "about the share of a seen site's cases sent to the global model; 0 = always a personalised model, "
                         "1 = the global model alone", parse=_gammas, commands=("evaluate", "predict"))
 SUPER_MODEL_OPTIONS = KindOptions("FedSM results", (GAMMA,))

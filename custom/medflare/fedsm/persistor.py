@@ -72,10 +72,11 @@ class SuperModelPersistor(PTFileModelPersistor):
         """The run's sites (selector order) and selector, and the values the saved file records; before :meth:`load_model`."""
         self._layout = {"sites": list(sites), "selector_spec": dict(selector_spec), "softpull_lambda": softpull_lambda, "gamma": gamma}
 
-    def record_gamma(self, gamma: float) -> None:
-        """The run's gamma as chosen at the end of training (:meth:`FedSMController._choose_gamma`): every file saved
-        from now on records it, and a best file saved before is rewritten to record it (its weights unchanged)."""
-        self._layout["gamma"] = float(gamma)
+    def record_gamma(self, gamma: float | Sequence[float]) -> None:
+        """The run's gamma as chosen at the end of training (:meth:`FedSMController._choose_gamma`; one per site in
+        selector order, or one for all): every file saved from now on records it, and a best file saved before is
+        rewritten to record it (its weights unchanged)."""
+        self._layout["gamma"] = float(gamma) if isinstance(gamma, (int, float)) else [float(g) for g in gamma]
         self.persistence_manager.train_conf = self._train_conf()
         best = os.path.join(self.log_dir, self.best_global_model_file_name)
         if os.path.isfile(best):

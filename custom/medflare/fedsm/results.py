@@ -5,7 +5,7 @@ by :class:`~medflare.fedsm.persistor.SuperModelPersistor` (the only writer) in F
     {"model": {"global.<param>": tensor, "person_0.<param>": ..., "select.<param or buffer>": ...},
      "train_conf": {"medflare": describe(preset, overrides, kind="fedsm_super_model", version=2,
                     sites=[site names in selector order], selector={"name", "args"},
-                    softpull_lambda=float, gamma=float)},
+                    softpull_lambda=float, gamma=float or [float per site, selector order])},
      "meta_props": {"round": completed rounds the models reflect, ...}}
 
 ``FedSM_super_model.pt`` is written after every round, ``best_FedSM_super_model.pt`` when FLARE's
@@ -27,7 +27,7 @@ from medflare import ConfigError, ResultFileError
 from medflare.common.results import Result, ResultKind, describe, description_of, load_result, network_from
 from medflare.fedsm import protocol as P
 from medflare.fedsm.options import SUPER_MODEL_OPTIONS
-from medflare.fedsm.routing import DEFAULT_GAMMA, SuperModelPredictor
+from medflare.fedsm.routing import DEFAULT_GAMMA, Gamma, SuperModelPredictor, gamma_text
 from medflare.fedsm.supermodel import super_model_network
 
 KIND = "fedsm_super_model"
@@ -35,10 +35,11 @@ VERSION = 2
 
 
 def super_model_description(preset: str, overrides: Mapping[str, Any] | None, sites: Sequence[str], selector_spec: Mapping[str, Any],
-                            softpull_lambda: float, gamma: float) -> dict[str, Any]:
+                            softpull_lambda: float, gamma: Gamma) -> dict[str, Any]:
     """``train_conf["medflare"]`` of a super-model file: what the loader needs to rebuild the container."""
     return describe(preset, overrides, kind=KIND, version=VERSION, sites=list(sites), selector=dict(selector_spec),
-                    softpull_lambda=float(softpull_lambda), gamma=float(gamma))
+                    softpull_lambda=float(softpull_lambda),
+                    gamma=float(gamma) if isinstance(gamma, (int, float)) else [float(g) for g in gamma])
 
 
 class SuperModel(Result):
@@ -60,13 +61,18 @@ class SuperModel(Result):
     def selector(self) -> nn.Module:
         return self.networks[P.SELECT]
 
-    def predictor(self, gamma: float) -> SuperModelPredictor:
-        """Algorithm 2 at threshold ``gamma`` as an ``images -> logits`` callable that records its choices."""
+    def predictor(self, gamma: Gamma) -> SuperModelPredictor:
+        """Algorithm 2 at threshold ``gamma`` (or one per site, selector order) as an ``images -> logits`` callable
+        that records its choices."""
         return SuperModelPredictor(self.global_model, self.person_models, self.selector, gamma, self.sites)
 
     def predictors(self, options: Mapping[str, Any]) -> list[tuple[str, SuperModelPredictor]]:
-        """One predictor per gamma of ``options["gamma"]`` (a list), default the job's gamma."""
-        gammas = options.get("gamma") or [self.info.get("gamma", DEFAULT_GAMMA)]
+        """One predictor per gamma of ``options["gamma"]`` (a list, each for every site), default the job's gamma
+        (one per site where the run chose them so)."""
+        if not options.get("gamma"):
+            return [(f"super model, {gamma_text(self.info.get('gamma', DEFAULT_GAMMA), self.sites)}",
+                     self.predictor(self.info.get("gamma", DEFAULT_GAMMA)))]
+        gammas = options["gamma"]
         for g in gammas:
             if not 0 <= g <= 1:
                 raise ConfigError(f"gamma values must lie in [0, 1], got {list(gammas)}")

@@ -6,7 +6,7 @@ Plain torch, no FLARE: used by the FedSM client to score the super model every r
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, Union
 
 import torch
 
@@ -21,12 +21,17 @@ GLOBAL_MODEL = "global model"
 REPORT_TITLE = "cases routed to each model (%; 'global model': the FedAvg global model, a site: its personalised model)"
 
 
-def route(typicality: torch.Tensor, gamma: float, head_probs: torch.Tensor | None = None) -> torch.Tensor:
+#: a routing threshold: one for every site, or one per site in selector order (chosen per site, :mod:`.scoring`)
+Gamma = Union[float, Sequence[float]]
+
+
+def route(typicality: torch.Tensor, gamma: Gamma, head_probs: torch.Tensor | None = None) -> torch.Tensor:
     """Which model each case goes to: -> (B,) long, GLOBAL or a site index (Algorithm 2).
 
     ``typicality`` (B, K) is the selector's confidence per site (:class:`~medflare.fedsm.selector.EncoderGaussianSelector`).
     If ``max_k typicality > gamma`` the case goes to the personalised model of the argmax site, else to the
-    global model. With ``head_probs`` (B, K + 1) from a trained FedSM-extra head (column 0 = global model),
+    global model; with K thresholds (one per site) the argmax site's threshold is the one tested. With
+    ``head_probs`` (B, K + 1) from a trained FedSM-extra head (column 0 = global model),
     a case passing the same test goes to the head's argmax instead (which may be the global model):
     the head chooses among the models, the typicality gate still sends a case atypical of every site to
     the global model. ``gamma`` 0 never falls back on typicality (the paper's FedSM-extra uses no threshold),
@@ -35,13 +40,27 @@ def route(typicality: torch.Tensor, gamma: float, head_probs: torch.Tensor | Non
     if typicality.ndim != 2:
         raise MedflareError(f"route: typicality must be (B, K), got shape {tuple(typicality.shape)}")
     conf, choice = typicality.max(dim=1)
+    threshold = torch.as_tensor(gamma, dtype=conf.dtype)
+    if threshold.ndim == 1:
+        if threshold.shape[0] != typicality.shape[1]:
+            raise MedflareError(f"route: {threshold.shape[0]} per-site thresholds for {typicality.shape[1]} sites")
+        threshold = threshold[choice]
+    elif threshold.ndim:
+        raise MedflareError(f"route: gamma must be a number or one per site, got shape {tuple(threshold.shape)}")
     if head_probs is not None:
         if head_probs.shape != (typicality.shape[0], typicality.shape[1] + 1):
             raise MedflareError(f"route: head probabilities must be (B, K + 1) = {(typicality.shape[0], typicality.shape[1] + 1)}, got {tuple(head_probs.shape)}")
         choice = head_probs.argmax(dim=1) - 1  # column 0 (global) -> GLOBAL
     choice = choice.clone()
-    choice[conf <= gamma] = GLOBAL
+    choice[conf <= threshold] = GLOBAL
     return choice
+
+
+def gamma_text(gamma: Gamma, sites: Sequence[str]) -> str:
+    """``gamma 0.05``, or ``gamma per site (site-1 0.01, site-2 1e-12)`` for one threshold per site."""
+    if isinstance(gamma, (int, float)):
+        return f"gamma {float(gamma):g}"
+    return "gamma per site (" + ", ".join(f"{s} {float(g):g}" for s, g in zip(sites, gamma)) + ")"
 
 
 class SuperModelPredictor:
@@ -52,7 +71,8 @@ class SuperModelPredictor:
         person_models: the K personalised networks in site-index order.
         selector: an :class:`~medflare.fedsm.selector.EncoderGaussianSelector` (``route_scores``).
         gamma: typicality threshold of Algorithm 2: about the share of a seen site's cases sent to the global
-            model (see :mod:`medflare.fedsm.density`). Default 0.05.
+            model (see :mod:`medflare.fedsm.density`); or one per site in ``person_models`` order, as a run that
+            chose them from validation saves them (:func:`medflare.fedsm.scoring.choose_site_gammas`). Default 0.05.
         sites: names of the personalised models' sites, for :meth:`report`. Default model_0..model_{K-1}.
 
     ``choices`` collects the routing of every case seen since the last :meth:`reset` (GLOBAL or site index).
@@ -63,7 +83,7 @@ class SuperModelPredictor:
         global_model: torch.nn.Module,
         person_models: Sequence[torch.nn.Module],
         selector: torch.nn.Module,
-        gamma: float = 0.05,
+        gamma: Gamma = 0.05,
         sites: Sequence[str] = (),
     ):
         if not person_models:
@@ -71,7 +91,7 @@ class SuperModelPredictor:
         self.global_model = global_model
         self.person_models = list(person_models)
         self.selector = selector
-        self.gamma = float(gamma)
+        self.gamma = float(gamma) if isinstance(gamma, (int, float)) else [float(g) for g in gamma]
         self.sites = list(sites) or [f"model_{i}" for i in range(len(self.person_models))]
         self.choices: list[int] = []
 

@@ -22,7 +22,10 @@ federation (``sweep_unseen_<key>_g<gamma>``: leave this site out, its selector c
 so a case goes to the most typical *other* site's model or, below gamma, to the global model). The server picks the
 super model's gamma from those scores (:func:`choose_gamma`) instead of keeping a fixed one: whether an unseen site is
 better served by the nearest personalised model or by the global model depends on the federation (on the synthetic
-held-out sites the former, on real ones the latter; benchmarks/RESULTS_fedsm.md).
+held-out sites the former, on real ones the latter; benchmarks/RESULTS_fedsm.md). It also depends on which site a new
+case resembles, so the sweep is also split by the site each case is most typical of (``sweep_site_<key>_s<k>_g<gamma>``,
+:func:`gamma_sweep`) and the saved super model keeps one threshold per site (:func:`choose_site_gammas`): a look-alike
+of a site whose left-out neighbours fare better on the global model is stopped, one of a site unlike the rest is not.
 """
 
 from __future__ import annotations
@@ -37,10 +40,15 @@ from medflare.fedsm.routing import GLOBAL, route
 from medflare.metrics import evaluate
 from medflare.metrics.site_mean import site_mean
 
-#: the thresholds the final round scores and the server chooses among (0: never the global model, 1: always)
-GAMMA_GRID = (0.0, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0)
+#: the thresholds the final round scores and the server chooses among (0: never the global model, 1: always). The
+#: typicality is a chi-square tail probability, so thresholds far under 0.01 still separate cases: on the synthetic
+#: sites a site's look-alike sits at 1e-12-1e-2 of the nearest seen site, a site unlike all of them under 1e-12
+#: (benchmarks/RESULTS_fedsm.md, "A threshold per site")
+GAMMA_GRID = (0.0, 1e-12, 1e-8, 1e-6, 1e-4, 1e-3, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0)
 #: a sweep score's name: ``super`` or ``unseen``, the key metric, the threshold (``sweep_unseen_dice_g0.05``)
 SWEEP_NAME = "sweep_{what}_{key}_g{gamma:g}"
+#: a site's share of the choice of site ``site``'s threshold (index in selector order): see :func:`gamma_sweep`
+SITE_SWEEP_NAME = "sweep_site_{key}_s{site}_g{gamma:g}"
 
 #: (batch, logits) -> (B, 2, K) per-case, per-class key metric (row 0) and class presence (row 1, see :func:`case_scorer`)
 CaseScorer = Callable[[Mapping[str, Any], torch.Tensor], torch.Tensor]
@@ -175,7 +183,46 @@ def gamma_sweep(table: torch.Tensor, typicality: torch.Tensor, head: torch.Tenso
         else:  # a federation of one site: a new site has only the global model
             score = site_score(table[0])
         out[SWEEP_NAME.format(what="unseen", key=key, gamma=gamma)] = score
+    out.update(_site_shares(table, typicality, head, others, key, grid))
     return out
+
+
+def _site_shares(table: torch.Tensor, typicality: torch.Tensor, head: torch.Tensor | None, others: list[int], key: str,
+                 grid: Sequence[float]) -> dict[str, float]:
+    """``sweep_site_<key>_s<k>_g<gamma>``: this site's (seen + left-out) / 2 score, counting only the cases whose most
+    typical site is k, each routed at ``gamma``.
+
+    A case meets only its most typical site's threshold (:func:`~medflare.fedsm.routing.route`), so the score with one
+    threshold per site is the sum over sites k of these shares at k's threshold: the server can choose each site's
+    threshold on its own (:func:`choose_site_gammas`). A share is a sum of per-case scores over this site's cases
+    (the site mean is the mean over cases, :func:`~medflare.metrics.site_mean.site_mean`), divided by the count of
+    cases the global model scores; a site whose label maps hold a class no case has keeps the site mean's rule.
+    """
+    per_case = _per_case(table)  # (K + 1, N), row 0 the global model
+    n = max(int((~per_case[0].isnan()).sum()), 1)
+    num_sites = typicality.shape[1]
+    shares = torch.zeros(num_sites, len(grid), dtype=torch.float64)
+    views = [(list(range(num_sites)), typicality, head)]
+    if others:
+        views.append((others, typicality[:, others], head[:, [0, *(i + 1 for i in others)]] if head is not None else None))
+    for cols, typ, hd in views:
+        col = torch.as_tensor(cols)
+        gate = col[typ.argmax(1)]  # the site whose threshold each case meets
+        for j, gamma in enumerate(grid):
+            choice = route(typ, gamma, hd)
+            routed = per_case[torch.where(choice == GLOBAL, 0, col[choice.clamp(min=0)] + 1), torch.arange(len(choice))]
+            shares[:, j] += torch.zeros(num_sites, dtype=torch.float64).index_add_(0, gate, routed.nan_to_num(0.0)) / (2 * n)
+    if not others:  # a federation of one site: its left-out half is the global model's score
+        shares[:, :] += site_score(table[0]) / 2 / num_sites
+    return {SITE_SWEEP_NAME.format(key=key, site=k, gamma=gamma): float(shares[k, j])
+            for k in range(num_sites) for j, gamma in enumerate(grid)}
+
+
+def _per_case(table: torch.Tensor) -> torch.Tensor:
+    """(K + 1, N) per-case scores of each row of a sweep table (rows already (N,) per case, or (N, 2, C) per class)."""
+    if table.ndim == 2:
+        return table.double()
+    return torch.stack([site_mean(row[:, 0], row[:, 1].bool()).per_case.double() for row in table])
 
 
 def is_sweep_score(name: str) -> bool:
@@ -204,3 +251,34 @@ def choose_gamma(per_site: Mapping[str, Mapping[str, float]], key: str, default:
     best = max(sum(v) / 2 for v in table.values())
     tied = [g for g, v in table.items() if sum(v) / 2 >= best - 1e-12]
     return float(min(tied, key=lambda g: (abs(g - default), g))), table
+
+
+def choose_site_gammas(per_site: Mapping[str, Mapping[str, float]], key: str, num_sites: int,
+                       grid: Sequence[float] = GAMMA_GRID) -> tuple[list[float], list[float]] | None:
+    """One threshold per site (selector order) from the sites' :func:`gamma_sweep` shares: for site k the grid value
+    whose cases routed there score best, summed over the reporting sites, seen and left out alike; None when a share
+    is missing (sites of an older medflare). Returns the thresholds and each one's share of the objective.
+
+    The objective is :func:`choose_gamma`'s (the mean over sites of (seen + left out) / 2) with a threshold per site
+    instead of one for all over the same thresholds, so it is never lower. The thresholds are the grid's positive ones:
+    a case atypical of every site beyond the smallest still goes to the global model (Algorithm 2's "maybe none of the
+    personalised models is suitable"), which a handful of validation cases should not switch off for a site (the
+    report's seed 0 would have, on one site, for 0.1 points). Among equal scores the smallest wins: where no validation
+    case says that the global model serves a site's look-alikes better, they keep that site's personalised model
+    (Algorithm 2's premise).
+    """
+    candidates = [g for g in grid if g > 0] or list(grid)
+    gammas, values = [], []
+    for k in range(num_sites):
+        totals = {}
+        for gamma in candidates:
+            name = SITE_SWEEP_NAME.format(key=key, site=k, gamma=gamma)
+            shares = [m.get(name) for m in per_site.values()]
+            if not shares or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in shares):
+                return None
+            totals[gamma] = sum(shares) / len(shares)
+        best = max(totals.values())
+        chosen = min(g for g, v in totals.items() if v >= best - 1e-12)
+        gammas.append(float(chosen))
+        values.append(totals[chosen])
+    return gammas, values

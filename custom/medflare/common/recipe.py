@@ -15,7 +15,8 @@ before a reply leaves (:class:`~medflare.common.egress.ManifestFilter`) and unpa
 update reaches a model), FLARE timings that keep the
 per-round overhead at about 0.5 s instead of 2 s (benchmarks/RESULTS.md), sites that fetch their next task
 when the server has it (:mod:`medflare.common.task_wait`: no retry sleeps), a check at START_RUN on every side that
-the job's components name one preset, overrides and seed (:mod:`medflare.common.preset_check`), the package as an installed
+the job's components name one preset, overrides and seed (:mod:`medflare.common.preset_check`), a site's privacy
+scope applied at the site in FLARE's simulator too (:mod:`medflare.common.simulator_scope`), the package as an installed
 app package (never copied into the job), and ``app/custom/README.md``, which makes the simulator treat
 the job as bring-your-own-code so that it runs without a site-side class allow-list.
 
@@ -42,6 +43,7 @@ from nvflare.recipe.spec import Recipe
 from medflare.common.egress import Intake, ManifestFilter
 from medflare.common.preset_check import PresetCheck
 from medflare.common.result_guard import UpdateGuard
+from medflare.common.simulator_scope import SimulatorSiteScope
 from medflare.common.summary import RunSummary
 from medflare.common.task_wait import TaskReadyResponder, WaitForNextTask
 from medflare.common.tracking import LOCAL_EVENT_TYPE, SERVER_EVENT_TYPE
@@ -130,6 +132,7 @@ class JobRecipe(Recipe):
         job.to_server(RunSummary(job=name, result_file=result_file), id="run_summary")
         job.to_server(TaskReadyResponder(), id="task_ready")
         job.to_server(PresetCheck(), id="preset_check")
+        job.to_server(SimulatorSiteScope(), id="simulator_scope")
         job.to_clients(executor, tasks=list(tasks))
         for extra, extra_tasks in more_executors or ():
             job.to_clients(extra, tasks=list(extra_tasks))
@@ -139,6 +142,7 @@ class JobRecipe(Recipe):
         job.to_clients(TBAnalyticsReceiver(events=[LOCAL_EVENT_TYPE]), id="tb_site")  # what the site keeps at home
         job.to_clients(WaitForNextTask(), id="wait_for_next_task")
         job.to_clients(PresetCheck(), id="preset_check")
+        job.to_clients(SimulatorSiteScope(), id="simulator_scope")  # the FLARE simulator: a site's scope at the site
         super().__init__(job)
         all_tasks = sorted({*tasks, *(t for _, extra_tasks in more_executors or () for t in extra_tasks)})  # a stable export
         undeclared = sorted(set(all_tasks) - set(manifest))

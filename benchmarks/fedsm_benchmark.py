@@ -1,7 +1,7 @@
 """FedSM on the synthetic non-IID sites: the paper's Table 3 layout, gamma and lambda sweeps, unseen sites (Table 5), traffic.
 
     python benchmarks/fedsm_benchmark.py [--sites 6] [--rounds 10] [--preset seg_synthetic]
-        [--parts fedsm,extra,lambda,unseen] [--lambdas 0.3,0.5,0.9] [--gammas 0,0.01,0.05,0.1,0.2,0.5,1]
+        [--parts fedsm,extra,lambda,unseen] [--lambdas 0.3,0.5,0.9] [--gammas 0,1e-12,...,1 (the job's grid)]
         [--extra-rounds 10] [--held-out site-6] [--baselines fedavg,central | none | FILE.json]
         [--out benchmarks/results/fedsm]
 
@@ -41,6 +41,7 @@ from medflare.fedsm.routing import selection_frequency  # noqa: E402
 from medflare.fedsm.persistor import SUPER_MODEL_FILE  # noqa: E402
 from medflare.fedsm.results import load_super_model  # noqa: E402
 from medflare.fedsm.routing import DEFAULT_GAMMA, gamma_text  # noqa: E402
+from medflare.fedsm.scoring import GAMMA_GRID  # noqa: E402
 from medflare.presets import get_preset  # noqa: E402
 from medflare.report.runner import run_job  # noqa: E402
 
@@ -164,7 +165,7 @@ def main(argv=None) -> int:
     p.add_argument("--preset", default="seg_synthetic")
     p.add_argument("--parts", default="fedsm,extra,lambda,unseen")
     p.add_argument("--lambdas", default="0.3,0.5,0.9")
-    p.add_argument("--gammas", default="0,0.01,0.05,0.1,0.2,0.5,1")
+    p.add_argument("--gammas", default=",".join(f"{g:g}" for g in GAMMA_GRID), help="thresholds of the sweeps (default: the job's grid)")
     p.add_argument("--extra-rounds", type=int, default=10)
     p.add_argument("--held-out", default="", help="comma-separated sites for the unseen part (default: the last site)")
     p.add_argument("--baselines", default="none", help="methods to run (fedavg,fedprox,scaffold,local,central), a results.json, or none")

@@ -260,10 +260,10 @@ def choose_site_gammas(per_site: Mapping[str, Mapping[str, float]], key: str, nu
     is missing (sites of an older medflare). Returns the thresholds and each one's share of the objective.
 
     The objective is :func:`choose_gamma`'s (the mean over sites of (seen + left out) / 2) with a threshold per site
-    instead of one for all over the same thresholds, so it is never lower. The thresholds are the grid's positive ones:
-    a case atypical of every site beyond the smallest still goes to the global model (Algorithm 2's "maybe none of the
-    personalised models is suitable"), which a handful of validation cases should not switch off for a site (the
-    report's seed 0 would have, on one site, for 0.1 points). Among equal scores the smallest wins: where no validation
+    instead of one for all, so it is never lower than any one positive threshold for all. The thresholds are the grid's
+    positive ones: a case atypical of every site beyond the smallest still goes to the global model (Algorithm 2's
+    "maybe none of the personalised models is suitable"), which a handful of validation cases should not switch off for
+    a site (with 0 allowed, the report's FedSM at seed 0 chose it for one site). Among equal scores the smallest wins: where no validation
     case says that the global model serves a site's look-alikes better, they keep that site's personalised model
     (Algorithm 2's premise).
     """

@@ -420,8 +420,8 @@ def seg_variant(name: str) -> dict[str, Any]:
     """The fediod changes of ``name``: "+"-joined parts on SEG_PAPER, or on the shipped preset when the first part is
     "preset" ("preset" alone = the shipped fediod_seg). A part is "paper", a name of :data:`_SEG_CHANGES` (e.g.
     ``weights+styles+label3+student_label3+replay``, what the shipped fediod_seg changes of the paper) or a
-    ``key=value`` override of the fediod section (``preset+lambda_gan=20``; ``styles`` and ``upsample`` set the
-    generator's arguments)."""
+    ``key=value`` override of the fediod section (``preset+lambda_gan=20``; ``styles``, ``upsample``, ``width`` and
+    ``blocks`` set the generator's arguments)."""
     parts = name.split("+")
     out = {} if parts[0] == "preset" else dict(SEG_PAPER)
     for part in parts[1:] if parts[0] == "preset" else parts:
@@ -437,7 +437,7 @@ def seg_variant(name: str) -> dict[str, Any]:
 
 
 #: variant keys that are arguments of the label generator, not of the fediod section
-_GENERATOR_ARGS = ("styles", "upsample")
+_GENERATOR_ARGS = ("styles", "upsample", "width", "blocks")
 
 
 def seg_overrides(cfg: Mapping[str, Any], variant: Mapping[str, Any]) -> dict[str, Any]:

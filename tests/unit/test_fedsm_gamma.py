@@ -141,3 +141,15 @@ def test_route_tests_each_case_against_its_most_typical_sites_threshold():
     assert route(typ, [1e-12, 0.05]).tolist() == [0, GLOBAL, 0]
     with pytest.raises(Exception, match="per-site thresholds"):
         route(typ, [0.1, 0.1, 0.1])
+
+
+def test_a_site_that_lies_about_its_shares_moves_a_threshold_by_a_bounded_amount():
+    honest = _twin_federation()
+    gammas, _ = choose_site_gammas(honest, "dice", 3)
+    shares = {name: 0.0 for name in honest["hospital-0"] if name.startswith("sweep_site_")}
+    broken = {**honest, "broken": {**shares, _share(2, 1e-12): float("nan"), _share(2, 0.01): float("inf")}}
+    assert choose_site_gammas(broken, "dice", 3)[0] == choose_site_gammas({**honest, "broken": shares}, "dice", 3)[0]
+    huge = {**honest, "liar": {**shares, _share(0, 1e-12): 1e9}}
+    capped = {**honest, "liar": {**shares, _share(0, 1e-12): 1.0}}
+    assert choose_site_gammas(huge, "dice", 3) == choose_site_gammas(capped, "dice", 3)
+    assert gammas[2] == min(g for g in GAMMA_GRID if g > 0)

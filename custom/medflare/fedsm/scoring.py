@@ -256,8 +256,10 @@ def choose_gamma(per_site: Mapping[str, Mapping[str, float]], key: str, default:
 def choose_site_gammas(per_site: Mapping[str, Mapping[str, float]], key: str, num_sites: int,
                        grid: Sequence[float] = GAMMA_GRID) -> tuple[list[float], list[float]] | None:
     """One threshold per site (selector order) from the sites' :func:`gamma_sweep` shares: for site k the grid value
-    whose cases routed there score best, summed over the reporting sites, seen and left out alike; None when a share
-    is missing (sites of an older medflare). Returns the thresholds and each one's share of the objective.
+    whose cases routed there score best, summed over the reporting sites, seen and left out alike; None when no site
+    sent a share (sites of an older medflare). Returns the thresholds and each one's share of the objective. A share
+    is clipped to [0, 1], its range for a score in [0, 1], and a site's non-finite share is left out: a site that lies
+    moves a threshold's mean by at most 1/K, and the thresholds stay grid values.
 
     The objective is :func:`choose_gamma`'s (the mean over sites of (seen + left out) / 2) with a threshold per site
     instead of one for all, so it is never lower than any one positive threshold for all. The thresholds are the grid's
@@ -273,8 +275,9 @@ def choose_site_gammas(per_site: Mapping[str, Mapping[str, float]], key: str, nu
         totals = {}
         for gamma in candidates:
             name = SITE_SWEEP_NAME.format(key=key, site=k, gamma=gamma)
-            shares = [m.get(name) for m in per_site.values()]
-            if not shares or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in shares):
+            shares = [min(max(float(v), 0.0), 1.0) for m in per_site.values()
+                      if isinstance(v := m.get(name), (int, float)) and math.isfinite(v)]
+            if not shares:
                 return None
             totals[gamma] = sum(shares) / len(shares)
         best = max(totals.values())

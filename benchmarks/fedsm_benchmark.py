@@ -108,13 +108,16 @@ def site_identification(sm, sites: list[str], preset: str) -> dict[str, float]:
     return out
 
 
+def super_row(sm, sites: list[str], preset: str, gamma) -> dict[str, Any]:
+    """Test table of the super model at ``gamma`` (one for all, or one per site) with its selection frequencies."""
+    table = score_sites(None, sites, preset, predict=sm.predictor(gamma))
+    table["selection"] = {s: selection_frequency(c, sm.sites) for s, c in table.pop("choices").items()}
+    return table
+
+
 def super_rows(sm, sites: list[str], preset: str, gammas: list[float]) -> dict[str, dict[str, Any]]:
     """Test table of the super model at each gamma (with selection frequencies) and of the personalised models."""
-    rows = {}
-    for gamma in gammas:
-        table = score_sites(None, sites, preset, predict=sm.predictor(gamma))
-        table["selection"] = {s: selection_frequency(c, sm.sites) for s, c in table.pop("choices").items()}
-        rows[f"gamma {gamma}"] = table
+    rows = {f"gamma {gamma}": super_row(sm, sites, preset, gamma) for gamma in gammas}
     own = {s: score_sites(sm.person_models[sm.sites.index(s)], [s], preset) for s in sites if s in sm.sites}
     if own:
         rows["personalised (own)"] = {
@@ -217,9 +220,7 @@ def main(argv=None) -> int:
                 sweep = super_rows(sm, [held_out], args.preset, gammas)
                 sweep.pop("personalised (own)", None)
                 if not isinstance(sm.info["gamma"], (int, float)):  # the thresholds per site the run chose
-                    table = score_sites(None, [held_out], args.preset, predict=sm.predictor(sm.info["gamma"]))
-                    table["selection"] = {s: selection_frequency(c, sm.sites) for s, c in table.pop("choices").items()}
-                    sweep[PER_SITE_ROW] = table
+                    sweep[PER_SITE_ROW] = super_row(sm, [held_out], args.preset, sm.info["gamma"])
                 seen = super_rows(sm, train_sites, args.preset, [DEFAULT_GAMMA, 1.0])
                 results["sweeps"].setdefault("unseen", {})[held_out] = {"sweep": sweep, "seen": seen, "seconds": sec,
                                                                           "identification": site_identification(sm, train_sites, args.preset),

@@ -4,6 +4,8 @@ simulator nothing changes. The e2e FedVCK test checks the effect in a real simul
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_constant import FLContextKey
@@ -65,3 +67,21 @@ def test_nothing_changes_outside_the_simulator_or_without_a_policy(policy):
     bare = _ctx(True, {"scope": "condensed"})
     SimulatorSiteScope().handle_event(EventType.START_RUN, bare)
     assert bare.get_prop(FLContextKey.SCOPE_OBJECT) is None
+
+
+def test_the_simulators_server_drops_the_scope_and_a_real_server_keeps_it(monkeypatch):
+    import types
+
+    from medflare.common.simulator_scope import SIMULATOR_SERVER_MODULE
+
+    class SimulatorServerEngine:  # stands in for FLARE's, looked up where the simulator loaded it
+        pass
+
+    scoped = {FLContextKey.SCOPE_OBJECT: _scope("condensed"), FLContextKey.EFFECTIVE_JOB_SCOPE_NAME: "condensed"}
+    real = FLContextManager(engine=object(), identity_name="server", private_stickers=dict(scoped)).new_context()
+    monkeypatch.setitem(sys.modules, SIMULATOR_SERVER_MODULE, types.SimpleNamespace(SimulatorServerEngine=SimulatorServerEngine))
+    SimulatorSiteScope().handle_event(EventType.START_RUN, real)  # a POC / production server: its own policy stays
+    assert real.get_prop(FLContextKey.SCOPE_OBJECT).name == "condensed"
+    sim = FLContextManager(engine=SimulatorServerEngine(), identity_name="server", private_stickers=dict(scoped)).new_context()
+    SimulatorSiteScope().handle_event(EventType.START_RUN, sim)
+    assert all(sim.get_prop(k) is None for k in SCOPE_KEYS)

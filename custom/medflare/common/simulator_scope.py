@@ -27,29 +27,30 @@ the policy FLARE itself builds from the site's ``local/privacy.json``; FLARE 2.9
 
 from __future__ import annotations
 
+import sys
+
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_component import FLComponent
 from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.job_def import JobMetaKey
+from nvflare.private.privacy_manager import PrivacyService  # FLARE's registry of the site's privacy.json
 
 #: the context keys FLARE's run managers set for a job's scope (nvflare.private.fed.utils.fed_utils)
 SCOPE_KEYS = (FLContextKey.JOB_SCOPE_NAME, FLContextKey.EFFECTIVE_JOB_SCOPE_NAME, FLContextKey.SCOPE_PROPERTIES,
               FLContextKey.SCOPE_OBJECT)
 
 
-def _privacy_service():
-    from nvflare.private.privacy_manager import PrivacyService  # FLARE's registry of the site's privacy.json
-
-    return PrivacyService
+#: the module of FLARE's simulator server; loaded only in a process the simulator started
+SIMULATOR_SERVER_MODULE = "nvflare.private.fed.simulator.simulator_server"
 
 
 def _simulator_server(fl_ctx: FLContext) -> bool:
-    try:
-        from nvflare.private.fed.simulator.simulator_server import SimulatorServerEngine
-    except ImportError:  # a FLARE without the simulator: not a simulation
-        return False
-    return isinstance(fl_ctx.get_engine(), SimulatorServerEngine)
+    """Whether this is the simulator's server: its engine class, looked up only where the simulator has loaded it (a POC
+    or production server never imports the simulator for this check)."""
+    module = sys.modules.get(SIMULATOR_SERVER_MODULE)
+    engine_class = getattr(module, "SimulatorServerEngine", None)
+    return engine_class is not None and isinstance(fl_ctx.get_engine(), engine_class)
 
 
 class SimulatorSiteScope(FLComponent):
@@ -70,12 +71,11 @@ class SimulatorSiteScope(FLComponent):
     def _apply_at_site(self, fl_ctx: FLContext) -> None:
         if fl_ctx.get_prop(FLContextKey.SCOPE_OBJECT) is not None:
             return  # FLARE set it already (a later FLARE whose simulator does)
-        service = _privacy_service()
-        if not service.is_policy_defined():
+        if not PrivacyService.is_policy_defined():
             return  # no local/privacy.json: FLARE applies no scope either
         meta = fl_ctx.get_prop(FLContextKey.JOB_META) or {}
         name = meta.get(JobMetaKey.SCOPE.value, "") if isinstance(meta, dict) else ""
-        scope = service.get_scope(name)
+        scope = PrivacyService.get_scope(name)
         if scope is None:
             self.system_panic(f"privacy scope '{name}' is not allowed: the site's local/privacy.json defines no such scope "
                               f"(FLARE refuses this job at the site in POC and production)", fl_ctx)

@@ -33,6 +33,7 @@ from medflare.common.payload import load_numpy_state
 from medflare.common.persistence import model_from_preset
 from medflare.common.results import read_checkpoint, save_checkpoint
 from medflare.fedsm.results import KIND, VERSION, super_model_description
+from medflare.fedsm.routing import as_gamma
 from medflare.fedsm.supermodel import super_model_network
 from medflare.presets import get_preset
 
@@ -76,7 +77,7 @@ class SuperModelPersistor(PTFileModelPersistor):
         """The run's gamma as chosen at the end of training (:meth:`FedSMController._choose_gamma`; one per site in
         selector order, or one for all): every file saved from now on records it, and a best file saved before is
         rewritten to record it (its weights unchanged)."""
-        self._layout["gamma"] = float(gamma) if isinstance(gamma, (int, float)) else [float(g) for g in gamma]
+        self._layout["gamma"] = as_gamma(gamma)
         self.persistence_manager.train_conf = self._train_conf()
         best = os.path.join(self.log_dir, self.best_global_model_file_name)
         if os.path.isfile(best):

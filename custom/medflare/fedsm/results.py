@@ -27,7 +27,7 @@ from medflare import ConfigError, ResultFileError
 from medflare.common.results import Result, ResultKind, describe, description_of, load_result, network_from
 from medflare.fedsm import protocol as P
 from medflare.fedsm.options import SUPER_MODEL_OPTIONS
-from medflare.fedsm.routing import DEFAULT_GAMMA, Gamma, SuperModelPredictor, gamma_text
+from medflare.fedsm.routing import DEFAULT_GAMMA, Gamma, SuperModelPredictor, as_gamma, gamma_text
 from medflare.fedsm.supermodel import super_model_network
 
 KIND = "fedsm_super_model"
@@ -38,8 +38,7 @@ def super_model_description(preset: str, overrides: Mapping[str, Any] | None, si
                             softpull_lambda: float, gamma: Gamma) -> dict[str, Any]:
     """``train_conf["medflare"]`` of a super-model file: what the loader needs to rebuild the container."""
     return describe(preset, overrides, kind=KIND, version=VERSION, sites=list(sites), selector=dict(selector_spec),
-                    softpull_lambda=float(softpull_lambda),
-                    gamma=float(gamma) if isinstance(gamma, (int, float)) else [float(g) for g in gamma])
+                    softpull_lambda=float(softpull_lambda), gamma=as_gamma(gamma))
 
 
 class SuperModel(Result):
@@ -70,8 +69,8 @@ class SuperModel(Result):
         """One predictor per gamma of ``options["gamma"]`` (a list, each for every site), default the job's gamma
         (one per site where the run chose them so)."""
         if not options.get("gamma"):
-            return [(f"super model, {gamma_text(self.info.get('gamma', DEFAULT_GAMMA), self.sites)}",
-                     self.predictor(self.info.get("gamma", DEFAULT_GAMMA)))]
+            own = self.info.get("gamma", DEFAULT_GAMMA)
+            return [(f"super model, {gamma_text(own, self.sites)}", self.predictor(own))]
         gammas = options["gamma"]
         for g in gammas:
             if not 0 <= g <= 1:

@@ -56,6 +56,11 @@ def route(typicality: torch.Tensor, gamma: Gamma, head_probs: torch.Tensor | Non
     return choice
 
 
+def as_gamma(gamma: Gamma) -> float | list[float]:
+    """``gamma`` as a file records it and a predictor holds it: a float, or a list of floats (one per site)."""
+    return float(gamma) if isinstance(gamma, (int, float)) else [float(g) for g in gamma]
+
+
 def gamma_text(gamma: Gamma, sites: Sequence[str]) -> str:
     """``gamma 0.05``, or ``gamma per site (site-1 0.01, site-2 1e-12)`` for one threshold per site."""
     if isinstance(gamma, (int, float)):
@@ -91,7 +96,7 @@ class SuperModelPredictor:
         self.global_model = global_model
         self.person_models = list(person_models)
         self.selector = selector
-        self.gamma = float(gamma) if isinstance(gamma, (int, float)) else [float(g) for g in gamma]
+        self.gamma = as_gamma(gamma)
         self.sites = list(sites) or [f"model_{i}" for i in range(len(self.person_models))]
         self.choices: list[int] = []
 

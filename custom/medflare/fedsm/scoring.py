@@ -213,7 +213,7 @@ def _site_shares(table: torch.Tensor, typicality: torch.Tensor, head: torch.Tens
             routed = per_case[torch.where(choice == GLOBAL, 0, col[choice.clamp(min=0)] + 1), torch.arange(len(choice))]
             shares[:, j] += torch.zeros(num_sites, dtype=torch.float64).index_add_(0, gate, routed.nan_to_num(0.0)) / (2 * n)
     if not others:  # a federation of one site: its left-out half is the global model's score
-        shares[:, :] += site_score(table[0]) / 2 / num_sites
+        shares += site_score(table[0]) / 2
     return {SITE_SWEEP_NAME.format(key=key, site=k, gamma=gamma): float(shares[k, j])
             for k in range(num_sites) for j, gamma in enumerate(grid)}
 

@@ -11,40 +11,27 @@ Used for benchmarks/RESULTS_fediod.md, "An ensemble of probabilities": whether t
 
     PYTHONPATH=custom python benchmarks/label_overlap.py --preset fediod_cls --sites 4 --data beta=0.1 [--data ...]
 
-``--data`` is a '+'-joined list of ``key=value`` overrides of the preset's data section (repeat for several splits).
+``--data`` is a '+'-joined list of ``key=value`` overrides of the preset's data section, read as ``medflare run --set``
+reads them (repeat for several splits).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
 import numpy as np
+from scipy.stats import entropy
 
 from medflare.data import load_site
 from medflare.fediod.site_distill import label_counts
-from medflare.presets import get_preset
-
-
-def overrides(text: str) -> dict:
-    """``beta=0.1+scale=1.0`` -> ``{"beta": 0.1, "scale": 1.0}`` (values read as JSON where they parse)."""
-    out = {}
-    for item in filter(None, text.split("+")):
-        key, _, value = item.partition("=")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
+from medflare.presets import get_preset, overrides_from_assignments
 
 
 def overlap(counts: np.ndarray) -> dict[str, float]:
     """The two statistics of a ``(K, C)`` array of per-site label counts."""
     counts = np.asarray(counts, dtype=float)
     sizes = counts.sum(axis=1)
-    p = counts / np.maximum(sizes[:, None], 1)
-    entropy = -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0), axis=1)
-    classes = float(np.sum(np.exp(entropy) * sizes) / sizes.sum())
+    classes = float(np.sum(np.exp(entropy(counts, axis=1)) * sizes) / sizes.sum())
     w = counts / np.maximum(counts.sum(axis=0, keepdims=True), 1)
     holders_per_class = 1.0 / np.maximum(np.sum(w**2, axis=0), 1e-12)
     frequency = counts.sum(axis=0) / counts.sum()
@@ -61,10 +48,10 @@ def main() -> None:
     ap.add_argument("--data", action="append", default=None, help="'+'-joined data overrides; repeat for more splits")
     args = ap.parse_args()
     for text in args.data or [""]:
-        data = dict(get_preset(args.preset)["data"])
-        data.update(overrides(text))
+        data = overrides_from_assignments(filter(None, text.split("+")))
         if args.sites:
             data["num_sites"] = args.sites
+        data = get_preset(args.preset, {"data": data})["data"]  # an unknown key is an error, as in a job
         counts = []
         for k in range(1, int(data["num_sites"]) + 1):
             site = load_site(f"site-{k}", data)

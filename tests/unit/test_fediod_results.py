@@ -8,10 +8,11 @@ import torch
 from medflare import ConfigError, ResultFileError
 from medflare.cli import main as medflare_main
 from medflare.common.results import load_result
+from medflare.common.training import make_loader
 from medflare.fediod.config import FedIODConfig
 from medflare.fediod.networks import server_networks
 from medflare.fediod.persistor import describe_student
-from medflare.fediod.teacher import checkpoint_file, load_teacher, save_teacher, teacher_settings
+from medflare.fediod.teacher import checkpoint_file, load_teacher, save_teacher, teacher_settings, train_teacher, unlearnt_warning
 from medflare.nets import build_from_spec
 from medflare.presets import get_preset
 
@@ -68,6 +69,33 @@ def test_site_chooses_its_teacher_and_data_fix_its_shape(tmp_path):
     assert a == checkpoint_file(tmp_path, "site-1", tmp_path / "data.npz", spec, train, 0)
     assert a != checkpoint_file(tmp_path, "site-1", tmp_path / "data.npz", spec, {**train, "epochs": 2}, 0)
     assert a.name.startswith("site-1_")
+
+
+def test_a_trained_teacher_fits_its_own_data_in_eval_mode():
+    """The failure this guards against: at ``fediod_cls`` Dir(0.1), site-3 (classes 1 / 4 / 7), seed 3 the teacher ends
+    its training with a train-mode loss of 0.05 but, on its running BatchNorm statistics, 0.36 accuracy on its own
+    training images (one class), and the student learnt that site's classes from it (25 % on site-3 through FLARE).
+    train_teacher recomputes the statistics over the training set, so the teacher used in eval mode is the one trained."""
+    from medflare.data import load_site
+    from medflare.metrics import evaluate
+
+    cfg = get_preset("fediod_cls", {"data": {"beta": 0.1, "num_sites": 4}})
+    data = load_site("site-3", cfg["data"])
+    spec, train, _, _ = teacher_settings({}, cfg, "site-3", data.num_classes, data.in_channels, 28)
+    teacher, _ = train_teacher(spec, train, data.train, data.task, torch.device("cpu"), seed=3)
+    assert not teacher.training
+    scores = evaluate(teacher, make_loader(data.train, 64, False), task=data.task, num_classes=data.num_classes,
+                      metrics=["accuracy"], device="cpu")["mean"]
+    assert scores["accuracy"] > 0.9, scores
+
+
+def test_a_teacher_barely_above_its_majority_class_is_reported():
+    counts = torch.tensor([0.0, 45.0, 0.0, 0.0, 40.0, 0.0, 0.0, 46.0, 0.0, 0.0])  # site-3's validation split: 46 / 131 = 0.351
+    warning = unlearnt_warning("site-3", 0.36, counts)  # the teacher before its BatchNorm statistics were recomputed
+    assert warning and "site-3" in warning and "0.3511" in warning and "fediod.retrain" in warning
+    assert unlearnt_warning("site-3", 0.92, counts) is None  # the same teacher after
+    assert unlearnt_warning("site-3", 0.50, counts) is not None and unlearnt_warning("site-3", 0.52, counts) is None  # 1/4 of the gap
+    assert unlearnt_warning("site-1", 1.0, torch.tensor([0.0, 12.0])) is None  # one class only: nothing to tell apart
 
 
 def test_teacher_round_trip_and_load_errors(tmp_path):

@@ -6,7 +6,7 @@ from torch.utils.data import Dataset
 
 from medflare import ConfigError, MedflareError
 from medflare.common.report import markdown_table, site_table
-from medflare.common.training import make_loader, make_loss, make_optimizer, train_epochs
+from medflare.common.training import make_loader, make_loss, make_optimizer, recompute_batchnorm, train_epochs
 from medflare.presets import PRESETS, get_preset
 
 
@@ -56,6 +56,26 @@ def test_train_epochs_lowers_the_dice_loss_and_respects_max_steps():
     assert sum(stats.losses[-4:]) / 4 < 0.5 * sum(stats.losses[:4]) / 4
     capped = train_epochs(model, make_loader(_Squares(), 8, True), loss_fn, opt, epochs=6, max_steps=5)
     assert capped.steps == 5
+
+
+def test_recompute_batchnorm_sets_the_training_sets_statistics():
+    """After the pass, a BatchNorm layer's running mean and variance are those of its inputs over the whole data set
+    (one batch: exactly), whatever stale averages it held; a network without BatchNorm is left untouched."""
+    torch.manual_seed(0)
+    conv, bn = torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.BatchNorm2d(4)
+    model = torch.nn.Sequential(conv, bn, torch.nn.ReLU())
+    bn.running_mean.fill_(5.0), bn.running_var.fill_(9.0)  # stale: what a last small batch could leave
+    data = _Squares()
+    assert recompute_batchnorm(model, data, len(data))
+    with torch.no_grad():
+        features = conv(torch.stack([data[i]["image"] for i in range(len(data))]))
+    torch.testing.assert_close(bn.running_mean, features.mean(dim=(0, 2, 3)))
+    torch.testing.assert_close(bn.running_var, features.var(dim=(0, 2, 3)), rtol=1e-4, atol=1e-6)
+    assert bn.momentum == 0.1 and model.training  # its momentum and mode as before
+    plain = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 1))
+    before = copy.deepcopy(plain.state_dict())
+    assert not recompute_batchnorm(plain, data, 8)
+    assert all(torch.equal(before[k], v) for k, v in plain.state_dict().items())
 
 
 def test_nonfinite_loss_is_a_clear_error():

@@ -146,6 +146,23 @@ def train_epochs(
     return stats
 
 
+def recompute_batchnorm(model: torch.nn.Module, dataset, batch_size: int, device: torch.device | str = "cpu") -> bool:
+    """Set every BatchNorm layer's running statistics to their averages over ``dataset`` ("precise BN": one forward
+    pass in train mode without gradients, torch's ``update_bn``); returns whether ``model`` has such layers (False:
+    nothing was done, nothing was run).
+
+    Why: a network trained to completion and then used in eval mode keeps the exponential averages of its last few
+    dozen batches, taken while its weights still moved, the last of them an epoch's remainder batch. For a FedIOD
+    teacher that can undo the training: ``fediod_cls`` at Dir(0.1), site-3 (classes 1 / 4 / 7), seed 3, ends with
+    a train-mode loss of 0.05 and 0.36 accuracy on its own training images in eval mode, 0.98 after this pass.
+    """
+    if not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        return False
+    images = (batch["image"] for batch in make_loader(dataset, batch_size, False))
+    torch.optim.swa_utils.update_bn(images, model, device=torch.device(device))
+    return True
+
+
 def local_work(train: Mapping[str, Any]) -> dict[str, int]:
     """A round's local work from a preset's ``train`` section, as :func:`train_epochs` keywords: ``epochs`` epochs and
     at least ``min_steps`` steps, at most ``max_steps`` (0 = no cap). Every algorithm's local supervised training

@@ -42,7 +42,7 @@ from medflare.fediod.networks import data_shape, server_specs
 from medflare.fediod.site_distill import label_counts, site_distiller
 from medflare.fediod.config import FedIODConfig
 from medflare.fediod.privacy import PrivacySettings, noised_counts
-from medflare.fediod.teacher import checkpoint_file, load_teacher, save_teacher, teacher_settings, train_teacher
+from medflare.fediod.teacher import checkpoint_file, load_teacher, save_teacher, teacher_settings, train_teacher, unlearnt_warning
 from medflare.nets import build_from_spec
 from medflare.nets.batchnorm import prior_layers
 
@@ -103,6 +103,10 @@ class FedIODExecutor(SiteExecutor):
             self.log_info(fl_ctx, f"site '{self.site}': teacher trained (last epoch loss {loss:.4f}), saved at the site in {path}")
         metrics = {f"teacher_{k}": v for k, v in self.validate(self.teacher_model, "val").items()}
         self.log_info(fl_ctx, f"site '{self.site}': teacher on its own validation split: {format_metrics(metrics)}")
+        if self.data.task == "classification" and "teacher_accuracy" in metrics and len(self.data.val):
+            warning = unlearnt_warning(self.site, metrics["teacher_accuracy"], label_counts(self.data.val, self.data.task, self.data.num_classes))
+            if warning:
+                self.log_warning(fl_ctx, warning)
         self.tracker.scalars(fl_ctx, metrics, 0, prefix="stage1/")
         self.distiller = site_distiller(self.cfg, self.fcfg, self.site, self.teacher_model, self.data.train, self.privacy, self.seed, self.torch_device)
         if self.fcfg.lambda_bn and not prior_layers(self.teacher_model):

@@ -26,12 +26,16 @@ import torch
 
 from medflare import ConfigError, DataError, ResultFileError
 from medflare.common.results import describe, load_result, ModelResult, save_checkpoint
-from medflare.common.training import capped_batch_size, local_work, make_loader, make_loss, make_optimizer, train_epochs
+from medflare.common.training import (capped_batch_size, local_work, make_loader, make_loss, make_optimizer, recompute_batchnorm,
+                                      train_epochs)
 from medflare.data.util import cache_root
 from medflare.nets import build_from_spec
 
 SECTION = "fediod"
 SECTION_KEYS = ("teacher", "teacher_train", "checkpoint_dir", "retrain")
+#: how stage 1 trains a teacher, in the checkpoint's name: raised when that changes, so a site trains its teacher again
+#: instead of loading one trained the old way (2: BatchNorm statistics recomputed over the training set after training)
+TEACHER_RECIPE = 2
 TRAIN_KEYS = ("epochs", "batch_size", "lr", "optimizer", "loss", "max_steps", "min_steps", "max_batch_fraction")
 
 
@@ -68,20 +72,22 @@ def teacher_settings(site_config: Mapping[str, Mapping[str, Any]], preset_cfg: M
 
 
 def checkpoint_file(folder: Path, site: str, source: Path, spec: Mapping[str, Any], train: Mapping[str, Any], seed: int) -> Path:
-    """``folder/<site>_<hash>.pt``: the hash covers the data file (path, size, mtime), the teacher spec and its training."""
+    """``folder/<site>_<hash>.pt``: the hash covers the data file (path, size, mtime), the teacher spec, its training, the
+    seed and :data:`TEACHER_RECIPE`."""
     try:
         stat = os.stat(source)
         data_id = [str(Path(source).resolve()), stat.st_size, stat.st_mtime_ns]
     except OSError:
         data_id = [str(source)]
-    key = json.dumps({"data": data_id, "spec": spec, "train": train, "seed": seed}, sort_keys=True, default=str)
+    key = json.dumps({"data": data_id, "spec": spec, "train": train, "seed": seed, "recipe": TEACHER_RECIPE}, sort_keys=True, default=str)
     return Path(folder) / f"{site}_{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
 
 
 def train_teacher(spec: Mapping[str, Any], train: Mapping[str, Any], dataset, task: str, device, seed: int = 0,
                   should_stop: Callable[[], bool] | None = None) -> tuple[torch.nn.Module, float]:
     """Train a fresh ``spec`` network on ``dataset`` for ``train["epochs"]`` epochs (and at least ``train.min_steps`` steps, at a
-    batch capped by ``train.max_batch_fraction``); returns (model, mean loss of the last epoch's worth of steps)."""
+    batch capped by ``train.max_batch_fraction``), then sets its BatchNorm statistics to the training set's
+    (:func:`recompute_batchnorm`); returns (model in eval mode, mean loss of the last epoch's worth of steps)."""
     torch.manual_seed(seed)
     model = build_from_spec(spec).to(device)
     opt = make_optimizer(train["optimizer"], model.parameters(), train["lr"])
@@ -90,6 +96,8 @@ def train_teacher(spec: Mapping[str, Any], train: Mapping[str, Any], dataset, ta
     loader = make_loader(dataset, batch, True, seed=seed)
     # the teacher's whole training is its one round of local work: train.epochs epochs and at least train.min_steps steps
     stats = train_epochs(model, loader, loss_fn, opt, **local_work(train), device=device, should_stop=should_stop)
+    if should_stop is None or not should_stop():
+        recompute_batchnorm(model, dataset, batch, device)  # the teacher is used in eval mode from here on
     last = stats.losses[-len(loader):]
     return model.eval(), float(sum(last) / len(last)) if last else float("nan")
 
@@ -117,6 +125,27 @@ def load_teacher(path: Path, spec: Mapping[str, Any], num_classes: int) -> torch
     if outputs is not None and outputs != num_classes:
         raise ResultFileError(f"teacher checkpoint '{path}' predicts {outputs} classes, the site's data has {num_classes}")
     return model
+
+
+#: a classification teacher that closes less than this share of the gap between always answering its site's most
+#: frequent class and answering every image right is reported as not having learnt (:func:`unlearnt_warning`)
+MIN_GAIN_OVER_MAJORITY = 0.25
+
+
+def unlearnt_warning(site: str, accuracy: float, val_counts: torch.Tensor) -> str | None:
+    """The warning line when a classification teacher's validation ``accuracy`` is barely better than always answering
+    the most frequent class ``m`` of the site's validation split (``val_counts``: its labels per class): when
+    ``(accuracy - m) / (1 - m)`` is under :data:`MIN_GAIN_OVER_MAJORITY`; None otherwise. Such a teacher teaches the
+    student about one class for every image of its classes: the teacher :func:`recompute_batchnorm` mended scored 0.36
+    on its training images, whose most frequent class is 0.34 of them, and the student then scored 25 % on that site."""
+    total = float(val_counts.sum())
+    majority = float(val_counts.max()) / total if total > 0 else 1.0
+    if majority >= 1.0 or (accuracy - majority) / (1.0 - majority) >= MIN_GAIN_OVER_MAJORITY:
+        return None
+    return (f"site '{site}': its teacher scores accuracy {accuracy:.4f} on its validation split, barely above always "
+            f"answering its most frequent class ({majority:.4f}): it has hardly learnt the site's data, and the student "
+            f"learns from it; check its training (the fediod.teacher_train keys of local/medflare_site.json) and set "
+            f"fediod.retrain")
 
 
 def _num_outputs(model: torch.nn.Module) -> int | None:

@@ -103,8 +103,9 @@ class FedIODExecutor(SiteExecutor):
             self.log_info(fl_ctx, f"site '{self.site}': teacher trained (last epoch loss {loss:.4f}), saved at the site in {path}")
         metrics = {f"teacher_{k}": v for k, v in self.validate(self.teacher_model, "val").items()}
         self.log_info(fl_ctx, f"site '{self.site}': teacher on its own validation split: {format_metrics(metrics)}")
-        if self.data.task == "classification" and "teacher_accuracy" in metrics and len(self.data.val):
-            warning = unlearnt_warning(self.site, metrics["teacher_accuracy"], label_counts(self.data.val, self.data.task, self.data.num_classes))
+        if self.data.task == "classification":  # judged on its own training images: it cannot know classes it never saw
+            fit = self.validate(self.teacher_model, "train", metrics=["accuracy"])["accuracy"]
+            warning = unlearnt_warning(self.site, fit, label_counts(self.data.train, self.data.task, self.data.num_classes))
             if warning:
                 self.log_warning(fl_ctx, warning)
         self.tracker.scalars(fl_ctx, metrics, 0, prefix="stage1/")

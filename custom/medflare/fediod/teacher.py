@@ -128,22 +128,24 @@ def load_teacher(path: Path, spec: Mapping[str, Any], num_classes: int) -> torch
 
 
 #: a classification teacher that closes less than this share of the gap between always answering its site's most
-#: frequent class and answering every image right is reported as not having learnt (:func:`unlearnt_warning`)
+#: frequent training class and answering every training image right is reported as not having learnt (:func:`unlearnt_warning`)
 MIN_GAIN_OVER_MAJORITY = 0.25
 
 
-def unlearnt_warning(site: str, accuracy: float, val_counts: torch.Tensor) -> str | None:
-    """The warning line when a classification teacher's validation ``accuracy`` is barely better than always answering
-    the most frequent class ``m`` of the site's validation split (``val_counts``: its labels per class): when
-    ``(accuracy - m) / (1 - m)`` is under :data:`MIN_GAIN_OVER_MAJORITY`; None otherwise. Such a teacher teaches the
-    student about one class for every image of its classes: the teacher :func:`recompute_batchnorm` mended scored 0.36
-    on its training images, whose most frequent class is 0.34 of them, and the student then scored 25 % on that site."""
-    total = float(val_counts.sum())
-    majority = float(val_counts.max()) / total if total > 0 else 1.0
+def unlearnt_warning(site: str, accuracy: float, train_counts: torch.Tensor) -> str | None:
+    """The warning line when a classification teacher's eval-mode ``accuracy`` on its own training images is barely
+    better than always answering their most frequent class ``m`` (``train_counts``: the training labels per class):
+    when ``(accuracy - m) / (1 - m)`` is under :data:`MIN_GAIN_OVER_MAJORITY`; None otherwise. Judged on the training
+    images, not the validation split, because a small site's validation split can hold classes its training split
+    lacks, which no teacher can know. Such a teacher teaches the student about one class for every image of its
+    classes: the teacher :func:`recompute_batchnorm` mended scored 0.36 on its training images, whose most frequent
+    class is 0.34 of them, and the student then scored 25 % on that site."""
+    total = float(train_counts.sum())
+    majority = float(train_counts.max()) / total if total > 0 else 1.0
     if majority >= 1.0 or (accuracy - majority) / (1.0 - majority) >= MIN_GAIN_OVER_MAJORITY:
         return None
-    return (f"site '{site}': its teacher scores accuracy {accuracy:.4f} on its validation split, barely above always "
-            f"answering its most frequent class ({majority:.4f}): it has hardly learnt the site's data, and the student "
+    return (f"site '{site}': its teacher scores accuracy {accuracy:.4f} on its own training images, barely above always "
+            f"answering their most frequent class ({majority:.4f}): it has hardly learnt the site's data, and the student "
             f"learns from it; check its training (the fediod.teacher_train keys of local/medflare_site.json) and set "
             f"fediod.retrain")
 

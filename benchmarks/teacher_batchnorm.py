@@ -45,11 +45,11 @@ def main() -> None:
         data["num_sites"] = args.sites
     cfg = get_preset(args.preset, {"data": data})  # an unknown key is an error, as in a job
     names = args.only.split(",") if args.only else [f"site-{k}" for k in range(1, int(cfg["data"]["num_sites"]) + 1)]
+    sites = {name: load_site(name, cfg["data"]) for name in names}  # once: every seed trains on the same data
     print(f"| seed | {' | '.join(names)} |\n|---|{'---|' * len(names)}")
     for seed in (int(s) for s in args.seeds.split(",")):
         cells = []
-        for name in names:
-            site = load_site(name, cfg["data"])
+        for name, site in sites.items():
             spec, train, _, _ = stage1.teacher_settings({}, cfg, name, site.num_classes, site.in_channels, int(site.train[0]["image"].shape[-1]))
             with mock.patch.object(stage1, "recompute_batchnorm", lambda *a, **k: False):
                 without, _ = stage1.train_teacher(spec, train, site.train, site.task, torch.device("cpu"), seed=seed)

@@ -103,9 +103,10 @@ class FedIODExecutor(SiteExecutor):
             self.log_info(fl_ctx, f"site '{self.site}': teacher trained (last epoch loss {loss:.4f}), saved at the site in {path}")
         metrics = {f"teacher_{k}": v for k, v in self.validate(self.teacher_model, "val").items()}
         self.log_info(fl_ctx, f"site '{self.site}': teacher on its own validation split: {format_metrics(metrics)}")
+        counts = label_counts(self.data.train, self.data.task, self.data.num_classes)  # exact; what is sent is noised below
         if self.data.task == "classification":  # judged on its own training images: it cannot know classes it never saw
             fit = self.validate(self.teacher_model, "train", metrics=["accuracy"])["accuracy"]
-            warning = unlearnt_warning(self.site, fit, label_counts(self.data.train, self.data.task, self.data.num_classes))
+            warning = unlearnt_warning(self.site, fit, counts)
             if warning:
                 self.log_warning(fl_ctx, warning)
         self.tracker.scalars(fl_ctx, metrics, 0, prefix="stage1/")
@@ -113,7 +114,6 @@ class FedIODExecutor(SiteExecutor):
         if self.fcfg.lambda_bn and not prior_layers(self.teacher_model):
             self.log_warning(fl_ctx, f"site '{self.site}': 'fediod.lambda_bn' is set but its teacher has no BatchNorm layers with "
                                      "running statistics: its realism prior is 0")
-        counts = label_counts(self.data.train, self.data.task, self.data.num_classes)
         size = float(len(self.data.train))
         if self.privacy.enabled:  # the counts are a release of the site's data too: the same Gaussian mechanism, accounted
             per_record = float(self.data.train[0]["label"].numel())  # a label map moves its class counts by its pixels

@@ -35,6 +35,10 @@ defaults below fill the keys a preset leaves out.
       "student_augment": 0.0,      # probability of each intensity perturbation (blur, gamma, bias field, noise) of a
                                    # replayed image before the student's step (not the paper; medflare.fediod.augment;
                                    # 0 = off)
+      "teacher_outliers": 0.0,     # classification: weight of outlier exposure in stage 1, each teacher trained to answer
+                                   # uniformly on shuffled-patch mosaics of its own images (medflare.fediod.outliers; not
+                                   # the paper; a site's local/medflare_site.json fediod.teacher_train "outliers" overrides
+                                   # it for its teacher; 0 = off)
       "lr_generator": 1e-3, "lr_student": 1e-3, "lr_discriminator": 1e-3, "cosine": true,
       "label_source": "auxiliary-labels",  # segmentation: whose label maps condition G (server-side auxiliary labels)
       "calibrate_offsets": [],     # segmentation: background-logit offsets the sites score the student at on their
@@ -58,7 +62,7 @@ class FedIODConfig(Section):
     ``latent_generator`` (latent_dim 100, width 64), discriminator ``patch_critic`` (width 32, 2 layers), batch_size 64,
     steps_per_window 8, windows_per_round 4, tau 1, mimic_tau 0, lambda_conf / lambda_unique / lambda_mimic / lambda_gan 1,
     lambda_balance 0, lambda_bn 0, lambda_label 0, student_label 0, conditional_critic true, ensemble "eq8", ensemble_tau 0, gan_weighting "data_size", student_steps 1, replay_size 0, student_augment 0,
-    lr_generator / lr_student / lr_discriminator 1e-3, cosine true, label_source "auxiliary-labels", calibrate_offsets [],
+    teacher_outliers 0, lr_generator / lr_student / lr_discriminator 1e-3, cosine true, label_source "auxiliary-labels", calibrate_offsets [],
     image_size 0."""
 
     generator: dict = setting({"name": "latent_generator", "args": {"latent_dim": 100, "width": 64}},
@@ -84,6 +88,7 @@ class FedIODConfig(Section):
     student_steps: int = setting(1, Int(1))
     replay_size: int = setting(0, Int(0))
     student_augment: float = setting(0.0, Number(0.0, 1.0))
+    teacher_outliers: float = setting(0.0, NON_NEGATIVE)
     lr_generator: float = setting(1e-3, POSITIVE)
     lr_student: float = setting(1e-3, POSITIVE)
     lr_discriminator: float = setting(1e-3, POSITIVE)

@@ -5,9 +5,14 @@ model-agnostic: sites may differ in architecture); absent keys fall back to the 
 and ``train``)::
 
     {"fediod": {"teacher": {"name": "convnet", "args": {"width": 32}},   # in_channels/num_classes filled in
-                "teacher_train": {"epochs": 20, "lr": 0.01},             # keys of the preset's "train" section
+                "teacher_train": {"epochs": 20, "lr": 0.01},             # keys of the preset's "train" section, and
+                                                                         # "outliers" (the job's fediod.teacher_outliers)
                 "checkpoint_dir": "/secure/fediod_teachers",             # default: $MEDFLARE_CACHE/fediod_teachers
                 "retrain": false}}
+
+A classification teacher may be trained with outlier exposure (``outliers`` > 0, :mod:`.outliers`): it learns to
+answer uniformly on shuffled-patch mosaics of its own images, so that under label skew it does not vote confidently
+on classes it has never seen.
 
 The trained teacher is saved at the site (never sent) as a ``model`` result file (``medflare evaluate``
 scores it) under a name derived from the site, its data file and the teacher settings, so a rerun of
@@ -29,6 +34,8 @@ from medflare.common.results import describe, load_result, ModelResult, save_che
 from medflare.common.training import (capped_batch_size, local_work, make_loader, make_loss, make_optimizer, recompute_batchnorm,
                                       train_epochs)
 from medflare.data.util import cache_root
+from medflare.fediod.config import FedIODConfig
+from medflare.fediod.outliers import OutlierExposure
 from medflare.nets import build_from_spec
 
 SECTION = "fediod"
@@ -36,7 +43,12 @@ SECTION_KEYS = ("teacher", "teacher_train", "checkpoint_dir", "retrain")
 #: how stage 1 trains a teacher, in the checkpoint's name: raised when that changes, so a site trains its teacher again
 #: instead of loading one trained the old way (2: BatchNorm statistics recomputed over the training set after training)
 TEACHER_RECIPE = 2
+#: the keys of the preset's ``train`` section a teacher's training reads
 TRAIN_KEYS = ("epochs", "batch_size", "lr", "optimizer", "loss", "max_steps", "min_steps", "max_batch_fraction")
+#: what a site's ``fediod.teacher_train`` may set: those keys and the weight of outlier exposure
+TEACHER_TRAIN_KEYS = (*TRAIN_KEYS, "outliers")
+#: patches per axis of an outlier mosaic (:func:`medflare.fediod.outliers.shuffled_patches`; measured at this value only)
+OUTLIER_GRID = 4
 
 
 def data_args(name: str, in_channels: int, num_classes: int, image_size: int) -> dict[str, int]:
@@ -62,11 +74,19 @@ def teacher_settings(site_config: Mapping[str, Mapping[str, Any]], preset_cfg: M
     # the data decide these, whatever the site wrote (a mismatch would only fail later, deep in torch)
     args.update(data_args(spec["name"], in_channels, num_classes, image_size))
     train = {k: v for k, v in preset_cfg["train"].items() if k in TRAIN_KEYS}
+    outliers = FedIODConfig.from_preset(preset_cfg).teacher_outliers
+    if outliers:  # only when set: a teacher trained without it keeps its checkpoint name
+        train["outliers"] = outliers
     extra = dict(own.get("teacher_train") or {})
-    bad = sorted(set(extra) - set(TRAIN_KEYS))
+    bad = sorted(set(extra) - set(TEACHER_TRAIN_KEYS))
     if bad:
-        raise ConfigError(f"site '{site}': unknown key(s) {bad} in '{SECTION}.teacher_train' (known: {list(TRAIN_KEYS)})")
+        raise ConfigError(f"site '{site}': unknown key(s) {bad} in '{SECTION}.teacher_train' (known: {list(TEACHER_TRAIN_KEYS)})")
     train.update(extra)
+    weight = train.get("outliers", 0)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0 or weight == float("inf"):
+        raise ConfigError(f"site '{site}': the teacher's outlier weight must be a finite number >= 0, got {weight!r}")
+    if not weight:
+        train.pop("outliers", None)
     folder = Path(own["checkpoint_dir"]).expanduser() if own.get("checkpoint_dir") else cache_root() / "fediod_teachers"
     return {"name": spec["name"], "args": args}, train, folder, bool(own.get("retrain", False))
 
@@ -86,16 +106,25 @@ def checkpoint_file(folder: Path, site: str, source: Path, spec: Mapping[str, An
 def train_teacher(spec: Mapping[str, Any], train: Mapping[str, Any], dataset, task: str, device, seed: int = 0,
                   should_stop: Callable[[], bool] | None = None) -> tuple[torch.nn.Module, float]:
     """Train a fresh ``spec`` network on ``dataset`` for ``train["epochs"]`` epochs (and at least ``train.min_steps`` steps, at a
-    batch capped by ``train.max_batch_fraction``), then sets its BatchNorm statistics to the training set's
-    (:func:`recompute_batchnorm`); returns (model in eval mode, mean loss of the last epoch's worth of steps)."""
+    batch capped by ``train.max_batch_fraction``), with outlier exposure of weight ``train["outliers"]`` when set
+    (classification only), then sets its BatchNorm statistics to the training set's (:func:`recompute_batchnorm`);
+    returns (model in eval mode, mean loss of the last epoch's worth of steps, the outlier term included)."""
+    outliers = float(train.get("outliers", 0))
+    if outliers and task != "classification":
+        raise ConfigError(f"fediod.teacher_outliers ({outliers}) is for classification teachers; a {task} teacher "
+                          "learns every pixel's class and has no images to call outliers (set it to 0)")
     torch.manual_seed(seed)
     model = build_from_spec(spec).to(device)
     opt = make_optimizer(train["optimizer"], model.parameters(), train["lr"])
     loss_fn = make_loss(train["loss"], task)
     batch = capped_batch_size(int(train["batch_size"]), len(dataset), train.get("max_batch_fraction", 1.0))
     loader = make_loader(dataset, batch, True, seed=seed)
+    trained = model
+    if outliers:
+        trained = OutlierExposure(model, loss_fn, outliers, OUTLIER_GRID, seed=seed)
+        loss_fn = trained.loss
     # the teacher's whole training is its one round of local work: train.epochs epochs and at least train.min_steps steps
-    stats = train_epochs(model, loader, loss_fn, opt, **local_work(train), device=device, should_stop=should_stop)
+    stats = train_epochs(trained, loader, loss_fn, opt, **local_work(train), device=device, should_stop=should_stop)
     if should_stop is None or not should_stop():
         recompute_batchnorm(model, dataset, batch, device)  # the teacher is used in eval mode from here on
     last = stats.losses[-len(loader):]

@@ -1,0 +1,76 @@
+"""Does outlier exposure make the FedIOD teachers' ensemble right where the label skew is strong? Each site's teacher
+trained as stage 1 trains it (``medflare.fediod.teacher.train_teacher`` with the site's seed) at each weight of
+``--weights`` (``fediod.teacher_outliers``; 0 = the paper's teacher), then on the union of the sites' test splits:
+the teachers' label-weighted ensemble (Eq. 8's label factor, what ``fediod_benchmark.py --table curve`` calls the
+ceiling of what the student learns) with Eq. 9 and as a probability mixture at ``ensemble_tau`` 1 and 2, and each
+teacher's mean top probability on the test images of the classes its site does not hold.
+
+Used for benchmarks/RESULTS_fediod.md, "Teachers that know what they do not know".
+
+    PYTHONPATH=custom python benchmarks/teacher_outliers.py --preset fediod_cls --sites 4 --data beta=0.1 --seeds 0,1,2,3,4 --weights 0,0.5,1
+
+``--data`` is a '+'-joined list of ``key=value`` overrides of the preset's data section, read as ``medflare run --set``
+reads them. Training runs on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from medflare.data import load_site
+from medflare.fediod.losses import aggregate, ensemble_weights, label_ratio
+from medflare.fediod.teacher import teacher_settings, train_teacher
+from medflare.presets import get_preset, overrides_from_assignments
+
+TAUS = (0.0, 1.0, 2.0)  # Eq. 9, then the probability mixtures
+
+
+def stacked(items) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images (N, C, *spatial) and class labels (N,) of a split."""
+    return (torch.stack([torch.as_tensor(i["image"]) for i in items]).float(),
+            torch.tensor([int(torch.as_tensor(i["label"]).reshape(-1)[0]) for i in items]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="fediod_cls")
+    ap.add_argument("--sites", type=int, default=0, help="sites site-1..N (default: the preset's num_sites)")
+    ap.add_argument("--data", default="", help="'+'-joined data overrides, e.g. beta=0.1+scale=1.0")
+    ap.add_argument("--seeds", default="0", help="comma-separated teacher seeds (the job's --seed)")
+    ap.add_argument("--weights", default="0,0.5", help="comma-separated outlier weights (fediod.teacher_outliers)")
+    args = ap.parse_args()
+    data = overrides_from_assignments(filter(None, args.data.split("+")))
+    if args.sites:
+        data["num_sites"] = args.sites
+    cfg = get_preset(args.preset, {"data": data})  # an unknown key is an error, as in a job
+    names = [f"site-{k}" for k in range(1, int(cfg["data"]["num_sites"]) + 1)]
+    sites = {name: load_site(name, cfg["data"]) for name in names}  # once: every seed and weight trains on the same data
+    first = next(iter(sites.values()))
+    x_test, y_test = (torch.cat(t) for t in zip(*(stacked(s.test) for s in sites.values())))
+    counts = torch.stack([torch.bincount(stacked(s.train)[1], minlength=first.num_classes) for s in sites.values()])
+    weights = ensemble_weights(label_ratio(counts), None)
+    foreign = {n: ~torch.isin(y_test, torch.nonzero(counts[i]).flatten()) for i, n in enumerate(names)}
+    print("| seed | outliers | ensemble Eq. 9 | tau 1 | tau 2 | mean top probability on classes the site lacks, per teacher | s |\n"
+          "|---|---|---|---|---|---|---|")
+    for seed in (int(s) for s in args.seeds.split(",")):
+        for weight in (float(w) for w in args.weights.split(",")):
+            tic = time.perf_counter()
+            logits = []
+            for name, site in sites.items():
+                own = {"fediod": {"teacher_train": {"outliers": weight}}}
+                spec, train, _, _ = teacher_settings(own, cfg, name, site.num_classes, site.in_channels, int(site.train[0]["image"].shape[-1]))
+                teacher, _ = train_teacher(spec, train, site.train, site.task, torch.device("cpu"), seed=seed)
+                with torch.no_grad():
+                    logits.append(teacher(x_test))
+            accuracy = [float((aggregate(logits, weights, tau).argmax(1) == y_test).float().mean()) for tau in TAUS]
+            unsure = [float(z[foreign[n]].softmax(1).max(1).values.mean()) if foreign[n].any() else float("nan")
+                      for z, n in zip(logits, names)]
+            print(f"| {seed} | {weight:g} | " + " | ".join(f"{a:.3f}" for a in accuracy) + " | "
+                  + " / ".join(f"{u:.2f}" for u in unsure) + f" | {time.perf_counter() - tic:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -32,20 +32,33 @@ def own_accuracy(model: torch.nn.Module, site) -> float:
     return float(evaluate(model, loader, task=site.task, num_classes=site.num_classes, metrics=["accuracy"], device="cpu")["mean"]["accuracy"])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser(description: str) -> argparse.ArgumentParser:
+    """The arguments the teacher scans share: ``--preset``, ``--sites``, ``--data`` and ``--seeds``."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="fediod_cls")
     ap.add_argument("--sites", type=int, default=0, help="sites site-1..N (default: the preset's num_sites)")
-    ap.add_argument("--only", default="", help="comma-separated sites to train (default: all)")
     ap.add_argument("--data", default="", help="'+'-joined data overrides, e.g. beta=0.1+scale=1.0")
     ap.add_argument("--seeds", default="0", help="comma-separated teacher seeds (the job's --seed)")
-    args = ap.parse_args()
+    return ap
+
+
+def load_sites(args, only: str = "") -> tuple[dict, dict]:
+    """(the resolved preset, {site: its data}) for the parsed ``args``; ``only`` = comma-separated sites (default all).
+    Each site is loaded once: every seed trains on the same data."""
     data = overrides_from_assignments(filter(None, args.data.split("+")))
     if args.sites:
         data["num_sites"] = args.sites
     cfg = get_preset(args.preset, {"data": data})  # an unknown key is an error, as in a job
-    names = args.only.split(",") if args.only else [f"site-{k}" for k in range(1, int(cfg["data"]["num_sites"]) + 1)]
-    sites = {name: load_site(name, cfg["data"]) for name in names}  # once: every seed trains on the same data
+    names = only.split(",") if only else [f"site-{k}" for k in range(1, int(cfg["data"]["num_sites"]) + 1)]
+    return cfg, {name: load_site(name, cfg["data"]) for name in names}
+
+
+def main() -> None:
+    ap = parser(__doc__)
+    ap.add_argument("--only", default="", help="comma-separated sites to train (default: all)")
+    args = ap.parse_args()
+    cfg, sites = load_sites(args, args.only)
+    names = list(sites)
     print(f"| seed | {' | '.join(names)} |\n|---|{'---|' * len(names)}")
     for seed in (int(s) for s in args.seeds.split(",")):
         cells = []

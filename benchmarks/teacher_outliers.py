@@ -15,15 +15,13 @@ reads them. Training runs on the CPU.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 
-from medflare.data import load_site
 from medflare.fediod.losses import aggregate, ensemble_weights, label_ratio
 from medflare.fediod.teacher import teacher_settings, train_teacher
-from medflare.presets import get_preset, overrides_from_assignments
+from teacher_batchnorm import load_sites, parser  # benchmarks/ is the script's folder
 
 TAUS = (0.0, 1.0, 2.0)  # Eq. 9, then the probability mixtures
 
@@ -35,19 +33,11 @@ def stacked(items) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="fediod_cls")
-    ap.add_argument("--sites", type=int, default=0, help="sites site-1..N (default: the preset's num_sites)")
-    ap.add_argument("--data", default="", help="'+'-joined data overrides, e.g. beta=0.1+scale=1.0")
-    ap.add_argument("--seeds", default="0", help="comma-separated teacher seeds (the job's --seed)")
+    ap = parser(__doc__)
     ap.add_argument("--weights", default="0,0.5", help="comma-separated outlier weights (fediod.teacher_outliers)")
     args = ap.parse_args()
-    data = overrides_from_assignments(filter(None, args.data.split("+")))
-    if args.sites:
-        data["num_sites"] = args.sites
-    cfg = get_preset(args.preset, {"data": data})  # an unknown key is an error, as in a job
-    names = [f"site-{k}" for k in range(1, int(cfg["data"]["num_sites"]) + 1)]
-    sites = {name: load_site(name, cfg["data"]) for name in names}  # once: every seed and weight trains on the same data
+    cfg, sites = load_sites(args)
+    names = list(sites)
     first = next(iter(sites.values()))
     x_test, y_test = (torch.cat(t) for t in zip(*(stacked(s.test) for s in sites.values())))
     counts = torch.stack([torch.bincount(stacked(s.train)[1], minlength=first.num_classes) for s in sites.values()])

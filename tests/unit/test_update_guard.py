@@ -285,7 +285,8 @@ def _with_task(ctx, sent):
 
 
 def test_filter_refuses_a_wrong_structure_against_the_task_sent_and_names_site_and_key(caplog):
-    """FedAvg's sent WEIGHTS and a result with an extra key, a wrong shape, a control diff with a missing key."""
+    """FedAvg's sent WEIGHTS and a result with an extra key; SCAFFOLD's control diff without the buffers, and with an
+    extra key or a wrong shape."""
     guard, engine = UpdateGuard(), Engine()
     sent = DXO(DataKind.WEIGHTS, data=dict(MODEL)).to_shareable()
     ok = result(DXO(DataKind.WEIGHT_DIFF, data=dict(MODEL)), 1)
@@ -296,9 +297,17 @@ def test_filter_refuses_a_wrong_structure_against_the_task_sent_and_names_site_a
     assert out.get_return_code() == UPDATE_REFUSED
     assert "site 'site-2'" in caplog.text and "['bogus']" in caplog.text
     assert "the server's update guard refused it" in out.get_header(CAUSE_HEADER) and "bogus" in out.get_header(CAUSE_HEADER)
-    ctrl = {k: v for k, v in MODEL.items() if k != "model.conv.bias"}
-    scaffold = result(DXO(DataKind.WEIGHT_DIFF, data=dict(MODEL), meta={AlgorithmConstants.SCAFFOLD_CTRL_DIFF: ctrl}), 1)
-    out = guard.process(scaffold, _with_task(context("site-3", engine), sent))
-    assert out.get_return_code() == UPDATE_REFUSED and "meta.scaffold_c_diff: 1 keys missing" in out.get_header(CAUSE_HEADER)
+    # SCAFFOLD's control diff covers the trainable parameters only (FLARE's PTScaffoldHelper): without the BatchNorm
+    # counter it is the diff an honest site sends (a classification ConvNet's SCAFFOLD was refused for it); a key the
+    # server did not send or a wrong shape is still refused
+    params_only = {k: v for k, v in MODEL.items() if k != "model.bn.num_batches_tracked"}
+    scaffold = result(DXO(DataKind.WEIGHT_DIFF, data=dict(MODEL), meta={AlgorithmConstants.SCAFFOLD_CTRL_DIFF: params_only}), 1)
+    assert guard.process(scaffold, _with_task(context("site-3", engine), sent)) is scaffold
+    for ctrl, why in (({**params_only, "bogus": np.zeros(2, np.float32)}, "['bogus']"),
+                      ({**params_only, "model.conv.bias": np.zeros(3, np.float32)}, "model.conv.bias")):
+        scaffold = result(DXO(DataKind.WEIGHT_DIFF, data=dict(MODEL), meta={AlgorithmConstants.SCAFFOLD_CTRL_DIFF: ctrl}), 1)
+        out = guard.process(scaffold, _with_task(context("site-3", engine), sent))
+        assert out.get_return_code() == UPDATE_REFUSED and "meta.scaffold_c_diff" in out.get_header(CAUSE_HEADER)
+        assert why in out.get_header(CAUSE_HEADER)
     unknown = result(DXO(DataKind.WEIGHT_DIFF, data={**MODEL, "bogus": np.zeros(2, np.float32)}), 1)
     assert guard.process(unknown, context("site-1", engine)) is unknown  # no task to compare with: other rules only

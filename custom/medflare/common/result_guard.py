@@ -63,11 +63,13 @@ def dxo_parts(dxo: DXO, prefix: str = "") -> dict[str, Part]:
 
 def weight_parts(dxo: DXO) -> dict[str, Part]:
     """:func:`dxo_parts`, plus FLARE's SCAFFOLD control diff (which FLARE's Scaffold keeps in a result's meta and adds
-    to its control variates key by key) as a WEIGHT_DIFF part of its own, so that the structure rule sees it too."""
+    to its control variates key by key) as a WEIGHT_DIFF part of its own, so that the structure rule sees it too: no key
+    the server did not send, the sent shapes and dtypes; it may leave out keys, since controls exist for trainable
+    parameters only (a BatchNorm model's running statistics have none)."""
     parts = dxo_parts(dxo)
     ctrl = (dxo.meta or {}).get(AlgorithmConstants.SCAFFOLD_CTRL_DIFF)
     if ctrl is not None:
-        parts[f"meta.{AlgorithmConstants.SCAFFOLD_CTRL_DIFF}"] = Part(kind=DataKind.WEIGHT_DIFF.value, data=ctrl)
+        parts[f"meta.{AlgorithmConstants.SCAFFOLD_CTRL_DIFF}"] = Part(kind=DataKind.WEIGHT_DIFF.value, data=ctrl, subset=True)
     return parts
 
 

@@ -13,7 +13,8 @@ FLARE result filter) and refuses the ones that fail:
   :func:`structure_mismatch`): no key the server did not send, the same shape and dtype for every key, and no
   key left out of a model the part updates. One site's wrong shape or extra key used to end the whole job in
   FLARE's aggregation (a broadcast ValueError / KeyError, FATAL_SYSTEM_ERROR), and a missing key was averaged
-  over the others silently. When the server sent no weights with the task (a site uploading a model of its own,
+  over the others silently. SCAFFOLD's control diff is held to the first two only: controls exist for trainable
+  parameters, not BatchNorm buffers (:class:`Part` ``subset``). When the server sent no weights with the task (a site uploading a model of its own,
   FedST-separate's generators) there is nothing to compare with and the rule does not apply.
 - **norm**: for weight payloads (WEIGHTS / WEIGHT_DIFF parts) the Euclidean norm over the float entries must
   not exceed ``max_norm_ratio`` times the median of the *reference* norms (a scaled or exploding update).
@@ -55,11 +56,14 @@ Structure = Mapping[str, tuple[tuple[int, ...], np.dtype]]
 
 @dataclass(frozen=True)
 class Part:
-    """One DXO of a result (the whole result, or one part of a COLLECTION): its data kind, data and meta."""
+    """One DXO of a result (the whole result, or one part of a COLLECTION): its data kind, data and meta. ``subset``: a
+    weight part that may leave out keys of what the server sent (SCAFFOLD's control diff covers the trainable
+    parameters only, not BatchNorm buffers or frozen layers, as FLARE's ``PTScaffoldHelper`` keeps controls)."""
 
     kind: str
     data: Any
     meta: Mapping[str, Any] = field(default_factory=dict)
+    subset: bool = False
 
 
 def _float_leaves(tree: Any, path: str = "") -> Iterator[tuple[str, np.ndarray | torch.Tensor]]:
@@ -155,7 +159,7 @@ def _same_dtype(got: np.dtype, expected: np.dtype) -> bool:
     return got == expected or {got.kind, expected.kind} in ({"i", "f"}, {"u", "f"})
 
 
-def structure_mismatch(sent: Structure, data: Mapping[str, Any]) -> str | None:
+def structure_mismatch(sent: Structure, data: Mapping[str, Any], allow_missing: bool = False) -> str | None:
     """None when the weight payload ``data`` fits the weights the server ``sent``, else why not (naming the keys).
 
     ``data``'s keys are looked up among the sent keys, or, when they are not all there, among the keys of one sent
@@ -165,7 +169,8 @@ def structure_mismatch(sent: Structure, data: Mapping[str, Any]) -> str | None:
     share a first dotted segment (a missing key would be averaged over the other sites only, or end the job in the
     workflow's own aggregation). A payload may leave out whole models (FedSM's sites update the global and their own
     model, not the selector they were sent). A site's privacy filter that removes single tensors (FLARE's
-    ``ExcludeVars``) therefore gets its results refused, loudly, instead of silently averaged.
+    ``ExcludeVars``) therefore gets its results refused, loudly, instead of silently averaged. ``allow_missing``: the
+    last rule is off (a payload that covers part of the model by design, e.g. SCAFFOLD's control diff).
     """
     if not isinstance(data, Mapping):
         return f"a weight payload must be a dict of arrays, got {type(data).__name__}"
@@ -182,7 +187,7 @@ def structure_mismatch(sent: Structure, data: Mapping[str, Any]) -> str | None:
         if shape != want_shape or not _same_dtype(dtype, want_dtype):
             return f"key '{key}' is {shape} {dtype}, the server sent {want_shape} {want_dtype}"
     touched = {_group(k) for k in keys}
-    missing = sorted(k for k in space if _group(k) in touched and k not in keys)
+    missing = [] if allow_missing else sorted(k for k in space if _group(k) in touched and k not in keys)
     if missing:
         return f"{len(missing)} keys missing: {missing[:5]}{' ...' if len(missing) > 5 else ''}"
     return None
@@ -194,7 +199,7 @@ def parts_mismatch(sent: Structure, parts: Mapping[str, Part]) -> str | None:
         return None
     for name, part in parts.items():
         if part.kind in WEIGHT_KINDS:
-            reason = structure_mismatch(sent, part.data)
+            reason = structure_mismatch(sent, part.data, allow_missing=part.subset)
             if reason:
                 return f"{name + ': ' if name else ''}{reason}"
     return None

@@ -20,6 +20,7 @@ import time
 import torch
 
 from medflare.fediod.losses import aggregate, ensemble_weights, label_ratio
+from medflare.fediod.site_distill import label_counts
 from medflare.fediod.teacher import teacher_settings, train_teacher
 from teacher_batchnorm import load_sites, parser  # benchmarks/ is the script's folder
 
@@ -38,9 +39,8 @@ def main() -> None:
     args = ap.parse_args()
     cfg, sites = load_sites(args)
     names = list(sites)
-    first = next(iter(sites.values()))
     x_test, y_test = (torch.cat(t) for t in zip(*(stacked(s.test) for s in sites.values())))
-    counts = torch.stack([torch.bincount(stacked(s.train)[1], minlength=first.num_classes) for s in sites.values()])
+    counts = torch.stack([label_counts(s.train, s.task, s.num_classes) for s in sites.values()])  # the counts a site sends (noised there under DP)
     weights = ensemble_weights(label_ratio(counts), None)
     foreign = {n: ~torch.isin(y_test, torch.nonzero(counts[i]).flatten()) for i, n in enumerate(names)}
     print("| seed | outliers | ensemble Eq. 9 | tau 1 | tau 2 | mean top probability on classes the site lacks, per teacher | s |\n"

@@ -14,8 +14,9 @@ FLARE result filter) and refuses the ones that fail:
   key left out of a model the part updates. One site's wrong shape or extra key used to end the whole job in
   FLARE's aggregation (a broadcast ValueError / KeyError, FATAL_SYSTEM_ERROR), and a missing key was averaged
   over the others silently. SCAFFOLD's control diff is held to the first two only: controls exist for trainable
-  parameters, not BatchNorm buffers (:class:`Part` ``subset``). When the server sent no weights with the task (a site uploading a model of its own,
-  FedST-separate's generators) there is nothing to compare with and the rule does not apply.
+  parameters, not BatchNorm buffers (:class:`Part` ``subset``). When the server sent no weights with the task (a
+  site uploading a model of its own, FedST-separate's generators) there is nothing to compare with and the rule does
+  not apply.
 - **norm**: for weight payloads (WEIGHTS / WEIGHT_DIFF parts) the Euclidean norm over the float entries must
   not exceed ``max_norm_ratio`` times the median of the *reference* norms (a scaled or exploding update).
 

@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from medflare import ConfigError, DataError, ResultFileError
+from medflare.checks import check_number
 from medflare.common.results import describe, load_result, ModelResult, save_checkpoint
 from medflare.common.training import (capped_batch_size, local_work, make_loader, make_loss, make_optimizer, recompute_batchnorm,
                                       train_epochs)
@@ -47,8 +48,6 @@ TEACHER_RECIPE = 2
 TRAIN_KEYS = ("epochs", "batch_size", "lr", "optimizer", "loss", "max_steps", "min_steps", "max_batch_fraction")
 #: what a site's ``fediod.teacher_train`` may set: those keys and the weight of outlier exposure
 TEACHER_TRAIN_KEYS = (*TRAIN_KEYS, "outliers")
-#: patches per axis of an outlier mosaic (:func:`medflare.fediod.outliers.shuffled_patches`; measured at this value only)
-OUTLIER_GRID = 4
 
 
 def data_args(name: str, in_channels: int, num_classes: int, image_size: int) -> dict[str, int]:
@@ -75,18 +74,15 @@ def teacher_settings(site_config: Mapping[str, Mapping[str, Any]], preset_cfg: M
     args.update(data_args(spec["name"], in_channels, num_classes, image_size))
     train = {k: v for k, v in preset_cfg["train"].items() if k in TRAIN_KEYS}
     outliers = FedIODConfig.from_preset(preset_cfg).teacher_outliers
-    if outliers:  # only when set: a teacher trained without it keeps its checkpoint name
+    if outliers:
         train["outliers"] = outliers
     extra = dict(own.get("teacher_train") or {})
     bad = sorted(set(extra) - set(TEACHER_TRAIN_KEYS))
     if bad:
         raise ConfigError(f"site '{site}': unknown key(s) {bad} in '{SECTION}.teacher_train' (known: {list(TEACHER_TRAIN_KEYS)})")
     train.update(extra)
-    weight = train.get("outliers", 0)
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0 or weight == float("inf"):
-        raise ConfigError(f"site '{site}': the teacher's outlier weight must be a finite number >= 0, got {weight!r}")
-    if not weight:
-        train.pop("outliers", None)
+    if not check_number(f"site '{site}': the teacher's outlier weight", f"{SECTION}.teacher_train.outliers", train.get("outliers", 0), 0.0):
+        train.pop("outliers", None)  # 0 = off, the checkpoint name of a teacher trained without it
     folder = Path(own["checkpoint_dir"]).expanduser() if own.get("checkpoint_dir") else cache_root() / "fediod_teachers"
     return {"name": spec["name"], "args": args}, train, folder, bool(own.get("retrain", False))
 
@@ -121,7 +117,7 @@ def train_teacher(spec: Mapping[str, Any], train: Mapping[str, Any], dataset, ta
     loader = make_loader(dataset, batch, True, seed=seed)
     trained = model
     if outliers:
-        trained = OutlierExposure(model, loss_fn, outliers, OUTLIER_GRID, seed=seed)
+        trained = OutlierExposure(model, loss_fn, outliers, seed=seed)
         loss_fn = trained.loss
     # the teacher's whole training is its one round of local work: train.epochs epochs and at least train.min_steps steps
     stats = train_epochs(trained, loader, loss_fn, opt, **local_work(train), device=device, should_stop=should_stop)

@@ -186,3 +186,19 @@ def test_label_generator_resize_upsampling_has_no_transposed_convolution():
     assert shapes["deconv"] == shapes["resize"] == (2, 1, 16, 16)
     with pytest.raises(ConfigError, match="upsample"):
         LabelGenerator(num_classes=3, width=4, blocks=1, upsample="bilinear")
+
+
+def test_confidence_lets_a_sure_teacher_outvote_two_unsure_wrong_ones():
+    """Three teachers that hold the same classes: one right and sure (0.9 on class 0), two wrong and less sure (0.7
+    on class 1). The plain mixture follows the majority (class 1); weighted by confidence ** 4 (ensemble_confidence)
+    it follows the sure teacher. A segmentation logit map's confidence is the mean over its pixels."""
+    probs = torch.tensor([[[0.9, 0.05, 0.05]], [[0.15, 0.7, 0.15]], [[0.15, 0.7, 0.15]]])
+    z = list(probs.log())  # three teachers, one input, three classes
+    ratio = L.label_ratio(torch.ones(3, 3))
+    assert torch.allclose(L.confidence(z[0]), torch.tensor([0.9])) and torch.allclose(L.confidence(z[1]), torch.tensor([0.7]))
+    plain = L.aggregate(z, L.ensemble_weights(ratio, None).expand(3, 1, 3), tau=1.0)
+    sure = torch.stack([L.confidence(zk) for zk in z]) ** 4
+    weighted = L.aggregate(z, L.ensemble_weights(ratio, sure).expand(3, 1, 3), tau=1.0)
+    assert int(plain.argmax(1)) == 1 and int(weighted.argmax(1)) == 0
+    seg = torch.stack([probs[0, 0], probs[1, 0]], dim=1).log()[None, :, :, None]  # (1, C, 2 pixels, 1)
+    assert torch.allclose(L.confidence(seg), torch.tensor([0.8]))

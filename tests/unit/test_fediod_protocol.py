@@ -72,7 +72,11 @@ def _single_process_grad(window, ref, cfg, task, drop=()):
     if cfg.ensemble == "mean":
         w = torch.full((len(keep), x.shape[0], C), 1.0 / len(keep))
     else:
-        w = L.ensemble_weights(ratio, r if cfg.ensemble == "eq8" else None).expand(len(keep), x.shape[0], C)
+        factor = r if cfg.ensemble == "eq8" else None
+        if cfg.ensemble_confidence:  # a routing: no gradient through the teachers' confidence
+            sure = torch.stack([L.confidence(zk.detach()) for zk in z]) ** cfg.ensemble_confidence
+            factor = sure if factor is None else factor * sure
+        w = L.ensemble_weights(ratio, factor).expand(len(keep), x.shape[0], C)
     A = L.aggregate(z, w, cfg.ensemble_tau)
     if window.site is not None:  # styled G: input i is judged by the critic of the site it was drawn for, alone
         gan = sum((window.site[0] == k).float() * L.generator_adv_loss(logits[i]) for i, k in enumerate(keep))
@@ -104,6 +108,8 @@ def _federated_grad(dist, fed):
     ("classification", "mean", {"lambda_balance": 2.0, "lambda_unique": 0.0}),
     ("classification", "eq8", {"ensemble_tau": 2.0, "mimic_tau": 1.0, "lambda_balance": 1.0}),
     ("segmentation", "labels", {"ensemble_tau": 1.0, "lambda_label": 1.0}),
+    ("classification", "eq8", {"ensemble_tau": 1.0, "ensemble_confidence": 4.0, "mimic_tau": 1.0}),
+    ("segmentation", "labels", {"ensemble_confidence": 2.0, "lambda_label": 1.0}),
     ("classification", "eq8", {"lambda_bn": 0.7, "mimic_tau": 1.0}),
     ("segmentation", "eq8", {"lambda_conf": 0.3}),
     ("segmentation", "eq8", {"styles": 3, "lambda_label": 0.8, "student_label": 1.0, "lambda_gan": 2.0}),
@@ -128,6 +134,20 @@ def test_the_students_target_is_the_mixture_of_the_teachers_probabilities_with_e
     w = L.ensemble_weights(L.label_ratio(torch.stack([dist.sites[s].counts for s in sorted(outputs)])), r).expand(2, B, C)
     assert torch.allclose(dist.bank.target, L.aggregate(z, w, tau=2.0), atol=1e-5)  # the replay bank keeps the target
     assert not torch.allclose(dist.bank.target, L.aggregate(z, w), atol=1e-3)
+
+
+def test_ensemble_confidence_reweighs_the_students_target_by_each_teachers_top_probability():
+    dist, fed, _, _ = _setup("classification", lam={"ensemble_tau": 1.0, "ensemble_confidence": 4.0, "replay_size": 64})
+    window = dist.sample()
+    outputs, _ = fed.outputs(window.inputs(), window.labels())
+    dist.combine(window, outputs)
+    z = [outputs[s][0][0].float() for s in sorted(outputs)]
+    r = torch.stack([outputs[s][1][0].float().clamp_min(0) for s in sorted(outputs)])
+    ratio = L.label_ratio(torch.stack([dist.sites[s].counts for s in sorted(outputs)]))
+    sure = torch.stack([L.confidence(zk) for zk in z]) ** 4
+    with_factor = L.aggregate(z, L.ensemble_weights(ratio, r * sure).expand(2, B, C), tau=1.0)
+    assert torch.allclose(dist.bank.target, with_factor, atol=1e-5)
+    assert not torch.allclose(dist.bank.target, L.aggregate(z, L.ensemble_weights(ratio, r).expand(2, B, C), tau=1.0), atol=1e-3)
 
 
 def test_each_term_reaches_the_generator():

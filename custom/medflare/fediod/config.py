@@ -27,6 +27,9 @@ defaults below fill the keys a preset leaves out.
       "ensemble_tau": 0.0,         # A: 0 = Eq. 9, the weighted mean of the teachers' logits (tau -> inf); > 0 = tau log of
                                    # the weighted mixture of their softmax(z / tau) (the paper's "conventional ensemble";
                                    # not Eq. 9; better under strong label skew, benchmarks/RESULTS_fediod.md)
+      "ensemble_confidence": 0.0,  # p: Eq. 8's per-input factor times each teacher's top probability on the input to
+                                   # the power p (medflare.fediod.losses.confidence; not the paper; 0 = off; with
+                                   # teacher_outliers under strong label skew, benchmarks/RESULTS_fediod.md)
       "gan_weighting": "data_size",  # G's GAN terms weighted by pi_k (Eq. 2) | "uniform" (Table 6 "Avg")
       "student_steps": 1,          # student steps per generated batch: 1 = Algorithm 1; each further step trains S on
                                    # a batch drawn from the replay bank (not the paper; no extra messages)
@@ -62,7 +65,7 @@ class FedIODConfig(Section):
     """Distillation settings; each key's meaning in the module docstring. Defaults: generator
     ``latent_generator`` (latent_dim 100, width 64), discriminator ``patch_critic`` (width 32, 2 layers), batch_size 64,
     steps_per_window 8, windows_per_round 4, tau 1, mimic_tau 0, lambda_conf / lambda_unique / lambda_mimic / lambda_gan 1,
-    lambda_balance 0, lambda_bn 0, lambda_label 0, student_label 0, conditional_critic true, ensemble "eq8", ensemble_tau 0, gan_weighting "data_size", student_steps 1, replay_size 0, student_augment 0,
+    lambda_balance 0, lambda_bn 0, lambda_label 0, student_label 0, conditional_critic true, ensemble "eq8", ensemble_tau 0, ensemble_confidence 0, gan_weighting "data_size", student_steps 1, replay_size 0, student_augment 0,
     teacher_outliers 0, lr_generator / lr_student / lr_discriminator 1e-3, cosine true, label_source "auxiliary-labels", calibrate_offsets [],
     image_size 0."""
 
@@ -85,6 +88,7 @@ class FedIODConfig(Section):
     conditional_critic: bool = setting(True, Bool())
     ensemble: str = setting("eq8", OneOf(ENSEMBLES))
     ensemble_tau: float = setting(0.0, NON_NEGATIVE)
+    ensemble_confidence: float = setting(0.0, NON_NEGATIVE)
     gan_weighting: str = setting("data_size", OneOf(GAN_WEIGHTINGS))
     student_steps: int = setting(1, Int(1))
     replay_size: int = setting(0, Int(0))

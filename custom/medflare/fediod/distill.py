@@ -50,7 +50,7 @@ import torch
 
 from medflare import MedflareError, PayloadError
 from medflare.fediod.config import FedIODConfig
-from medflare.fediod.losses import (aggregate, balance_loss, conf_loss, ensemble_weights, label_loss, label_ratio, mimic_loss, site_weights,
+from medflare.fediod.losses import (aggregate, balance_loss, conf_loss, confidence, ensemble_weights, label_loss, label_ratio, mimic_loss, site_weights,
                                     unique_loss)
 from medflare.fediod.augment import IntensityAugment
 from medflare.fediod.replay import ReplayBank
@@ -203,12 +203,19 @@ class Distiller:
         finally:
             self.G.train()
 
-    def _weights(self, sites: Sequence[str], density: torch.Tensor | None, batch: int) -> torch.Tensor:
-        K = len(sites)
+    def _weights(self, sites: Sequence[str], density: torch.Tensor | None, z: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Eq. 8's ``(K, B, C)`` weights from the sites' discriminator factors ``density`` ``(K, B)`` and, with
+        ``ensemble_confidence`` p > 0, each teacher's confidence on the input to the power p (detached: a routing of
+        the votes; G is not asked to move it)."""
+        K, batch = len(sites), z[0].shape[0]
         if self.cfg.ensemble == "mean":
             return torch.full((K, batch, self.num_classes), 1.0 / K, device=self.device)
         ratio = label_ratio(torch.stack([self.sites[s].counts for s in sites])).to(self.device)
-        return ensemble_weights(ratio, density if self.cfg.ensemble == "eq8" else None).expand(K, batch, self.num_classes)
+        factor = density if self.cfg.ensemble == "eq8" else None
+        if self.cfg.ensemble_confidence:
+            sure = torch.stack([confidence(zk.detach()) for zk in z]) ** self.cfg.ensemble_confidence
+            factor = sure if factor is None else factor * sure
+        return ensemble_weights(ratio, factor).expand(K, batch, self.num_classes)
 
     def combine(self, window: Window, outputs: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> Requests:
         """Losses of the window from the sites' outputs; the student's M steps; the gradients each site is asked for."""
@@ -237,7 +244,7 @@ class Distiller:
             z = [outputs[s][0][m].to(self.device, torch.float32).requires_grad_(True) for s in sites]
             r = [outputs[s][1][m].to(self.device, torch.float32).clamp_min(0).requires_grad_(True) for s in sites]
             student = self.S(xm)
-            A = aggregate(z, self._weights(sites, torch.stack(r), xm.shape[0]), c.ensemble_tau)
+            A = aggregate(z, self._weights(sites, torch.stack(r), z), c.ensemble_tau)
             conf, uniq, mimic = conf_loss(z, pi, c.tau), unique_loss(z, pi, c.tau), mimic_loss(student, A, c.mimic_tau)
             per_input = c.lambda_conf * conf + c.lambda_unique * uniq - c.lambda_mimic * mimic
             ym = window.y[m] if window.y is not None else None

@@ -10,7 +10,8 @@ batch is scored like a classification batch of ``B * H * W`` inputs that share t
   *maximises* the teachers' disagreement (the reference code has the sign inverted; we follow the paper).
 - :func:`label_ratio` is the first factor of Eq. 8, ``P_k(c) / P(c)`` from label counts;
   :func:`ensemble_weights` is Eq. 8 including the discriminator factor ``D_k(x) / E_{x'_k} D_k(x'_k)``
-  (absent in the reference code), normalised per class across sites.
+  (absent in the reference code), normalised per class across sites. :func:`confidence` is a teacher's top
+  probability per input, the optional third factor of the weights (``ensemble_confidence``; not in the paper).
 - :func:`aggregate` is Eq. 9, ``A = sum_k pi_k(x) (.) z_k`` (or, ``ensemble_tau`` > 0, tau times the log of the
   same weighted mixture of the teachers' probabilities at temperature tau); :func:`mimic_loss` is Eq. 10,
   ``E_w |S(G(w)) - A|^2`` (squared L2 over classes, mean over inputs and pixels).
@@ -143,6 +144,19 @@ def ensemble_weights(ratio: torch.Tensor, density: torch.Tensor | None) -> torch
     weights = raw / total.clamp_min(EPS)
     # a class every site gives zero weight (e.g. density underflow): share it equally
     return torch.where(total > 0, weights, torch.full_like(weights, 1.0 / K))
+
+
+def confidence(z: torch.Tensor) -> torch.Tensor:
+    """A teacher's top softmax probability per input (mean over pixels) ``(B, C, *s)`` -> ``(B,)``.
+
+    With ``ensemble_confidence`` p > 0 the server multiplies Eq. 8's per-input factor by ``confidence(z_k) ** p``
+    (not in the paper). Under strong label skew the label factor gives class c's vote to the teachers that hold c,
+    but a teacher also answers inputs of the classes it lacks, confidently wrong; trained with outlier exposure
+    (``teacher_outliers``) it answers them near-uniformly, and this factor then lets the teacher that knows the
+    input outvote the one that does not (measured, benchmarks/RESULTS_fediod.md, "A teacher's confidence").
+    """
+    top = torch.softmax(z.float(), dim=1).max(dim=1).values
+    return top.reshape(top.shape[0], -1).mean(dim=1)
 
 
 def aggregate(z: Sequence[torch.Tensor], weights: torch.Tensor, tau: float = 0.0) -> torch.Tensor:

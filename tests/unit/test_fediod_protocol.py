@@ -124,26 +124,27 @@ def test_federated_generator_gradient_equals_single_process(task, ensemble, lam)
     assert torch.allclose(fed_grad, ref_grad, rtol=1e-4, atol=1e-5 * ref_grad.abs().max().item()), (fed_grad - ref_grad).abs().max()
 
 
-def test_the_students_target_is_the_mixture_of_the_teachers_probabilities_with_ensemble_tau():
-    dist, fed, _, _ = _setup("classification", lam={"ensemble_tau": 2.0, "mimic_tau": 1.0, "replay_size": 64})
+def _one_window(lam):
+    """One window of a classification run with ``lam``: (the distiller, the first step's teacher logits, their
+    discriminator factors, Eq. 8's label factor)."""
+    dist, fed, _, _ = _setup("classification", lam={**lam, "replay_size": 64})
     window = dist.sample()
     outputs, _ = fed.outputs(window.inputs(), window.labels())
     dist.combine(window, outputs)
     z = [outputs[s][0][0].float() for s in sorted(outputs)]
     r = torch.stack([outputs[s][1][0].float().clamp_min(0) for s in sorted(outputs)])
-    w = L.ensemble_weights(L.label_ratio(torch.stack([dist.sites[s].counts for s in sorted(outputs)])), r).expand(2, B, C)
+    return dist, z, r, L.label_ratio(torch.stack([dist.sites[s].counts for s in sorted(outputs)]))
+
+
+def test_the_students_target_is_the_mixture_of_the_teachers_probabilities_with_ensemble_tau():
+    dist, z, r, ratio = _one_window({"ensemble_tau": 2.0, "mimic_tau": 1.0})
+    w = L.ensemble_weights(ratio, r).expand(2, B, C)
     assert torch.allclose(dist.bank.target, L.aggregate(z, w, tau=2.0), atol=1e-5)  # the replay bank keeps the target
     assert not torch.allclose(dist.bank.target, L.aggregate(z, w), atol=1e-3)
 
 
 def test_ensemble_confidence_reweighs_the_students_target_by_each_teachers_top_probability():
-    dist, fed, _, _ = _setup("classification", lam={"ensemble_tau": 1.0, "ensemble_confidence": 4.0, "replay_size": 64})
-    window = dist.sample()
-    outputs, _ = fed.outputs(window.inputs(), window.labels())
-    dist.combine(window, outputs)
-    z = [outputs[s][0][0].float() for s in sorted(outputs)]
-    r = torch.stack([outputs[s][1][0].float().clamp_min(0) for s in sorted(outputs)])
-    ratio = L.label_ratio(torch.stack([dist.sites[s].counts for s in sorted(outputs)]))
+    dist, z, r, ratio = _one_window({"ensemble_tau": 1.0, "ensemble_confidence": 4.0})
     sure = torch.stack([L.confidence(zk) for zk in z]) ** 4
     with_factor = L.aggregate(z, L.ensemble_weights(ratio, r * sure).expand(2, B, C), tau=1.0)
     assert torch.allclose(dist.bank.target, with_factor, atol=1e-5)

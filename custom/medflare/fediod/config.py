@@ -28,8 +28,8 @@ defaults below fill the keys a preset leaves out.
                                    # the weighted mixture of their softmax(z / tau) (the paper's "conventional ensemble";
                                    # not Eq. 9; better under strong label skew, benchmarks/RESULTS_fediod.md)
       "ensemble_confidence": 0.0,  # p: Eq. 8's per-input factor times each teacher's top probability on the input to
-                                   # the power p (medflare.fediod.losses.confidence; not the paper; 0 = off; with
-                                   # teacher_outliers under strong label skew, benchmarks/RESULTS_fediod.md)
+                                   # the power p (medflare.fediod.losses.confidence; not the paper; 0 = off; measured
+                                   # no better for the student at Dir(0.1), benchmarks/RESULTS_fediod.md)
       "gan_weighting": "data_size",  # G's GAN terms weighted by pi_k (Eq. 2) | "uniform" (Table 6 "Avg")
       "student_steps": 1,          # student steps per generated batch: 1 = Algorithm 1; each further step trains S on
                                    # a batch drawn from the replay bank (not the paper; no extra messages)

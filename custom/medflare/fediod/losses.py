@@ -153,7 +153,9 @@ def confidence(z: torch.Tensor) -> torch.Tensor:
     (not in the paper). Under strong label skew the label factor gives class c's vote to the teachers that hold c,
     but a teacher also answers inputs of the classes it lacks, confidently wrong; trained with outlier exposure
     (``teacher_outliers``) it answers them near-uniformly, and this factor then lets the teacher that knows the
-    input outvote the one that does not (measured, benchmarks/RESULTS_fediod.md, "A teacher's confidence").
+    input outvote the one that does not. Measured (benchmarks/RESULTS_fediod.md, "A teacher's confidence"): on real
+    images at Dir(0.1) it lifts the tau-1 ensemble from 0.785 to 0.826 (p 4), but the student, which learns on
+    generated inputs, gains 0.35 points over five seeds (inside their scatter), so it is off in every preset.
     """
     top = torch.softmax(z.float(), dim=1).max(dim=1).values
     return top.reshape(top.shape[0], -1).mean(dim=1)

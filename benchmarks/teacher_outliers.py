@@ -25,15 +25,10 @@ import torch
 from medflare.fediod.losses import aggregate, confidence, ensemble_weights, label_ratio
 from medflare.fediod.site_distill import label_counts
 from medflare.fediod.teacher import teacher_settings, train_teacher
+from medflare.fedvck.condense import stack_dataset
 from teacher_batchnorm import load_sites, parser  # benchmarks/ is the script's folder
 
 TAUS = (0.0, 1.0, 2.0)  # Eq. 9, then the probability mixtures
-
-
-def stacked(items) -> tuple[torch.Tensor, torch.Tensor]:
-    """Images (N, C, *spatial) and class labels (N,) of a split."""
-    return (torch.stack([torch.as_tensor(i["image"]) for i in items]).float(),
-            torch.tensor([int(torch.as_tensor(i["label"]).reshape(-1)[0]) for i in items]))
 
 
 def main() -> None:
@@ -45,7 +40,7 @@ def main() -> None:
     powers = [float(p) for p in args.confidence.split(",")]
     cfg, sites = load_sites(args)
     names = list(sites)
-    x_test, y_test = (torch.cat(t) for t in zip(*(stacked(s.test) for s in sites.values())))
+    x_test, y_test = (torch.cat(t) for t in zip(*(stack_dataset(s.test) for s in sites.values())))
     counts = torch.stack([label_counts(s.train, s.task, s.num_classes) for s in sites.values()])  # the counts a site sends (noised there under DP)
     ratio = label_ratio(counts)
     foreign = {n: ~torch.isin(y_test, torch.nonzero(counts[i]).flatten()) for i, n in enumerate(names)}
@@ -63,9 +58,10 @@ def main() -> None:
                 with torch.no_grad():
                     logits.append(teacher(x_test))
             accuracy = []
+            sure = torch.stack([confidence(z) for z in logits])
             for p in powers:
-                sure = torch.stack([confidence(z) for z in logits]) ** p if p else None
-                weights = ensemble_weights(ratio, sure).expand(len(names), len(y_test), -1)
+                factor = sure ** p if p else None
+                weights = ensemble_weights(ratio, factor).expand(len(names), len(y_test), -1)
                 accuracy += [float((aggregate(logits, weights, tau).argmax(1) == y_test).float().mean()) for tau in TAUS]
             unsure = [float(z[foreign[n]].softmax(1).max(1).values.mean()) if foreign[n].any() else float("nan")
                       for z, n in zip(logits, names)]

@@ -58,10 +58,11 @@ def test_the_uniform_term_is_least_at_a_uniform_answer():
 
 
 def test_the_setting_reaches_stage_one_and_the_checkpoint_name(tmp_path):
-    cfg = get_preset("fediod_cls", {"fediod": {"teacher_outliers": 0.5}})
+    cfg = get_preset("fediod_cls_tiny", {"fediod": {"teacher_outliers": 0.5}})
     spec, train, _, _ = teacher_settings({}, cfg, "site-1", 10, 1, 28)
     assert train["outliers"] == 0.5
-    _, plain, _, _ = teacher_settings({}, get_preset("fediod_cls"), "site-1", 10, 1, 28)
+    assert teacher_settings({}, get_preset("fediod_cls"), "site-1", 10, 1, 28)[1]["outliers"] == 0.5  # the preset's default
+    _, plain, _, _ = teacher_settings({}, get_preset("fediod_cls_tiny"), "site-1", 10, 1, 28)
     assert "outliers" not in plain  # off: the name of a teacher trained without it is unchanged
     _, own, _, _ = teacher_settings({"fediod": {"teacher_train": {"outliers": 0}}}, cfg, "site-1", 10, 1, 28)
     assert "outliers" not in own  # a site turns it off for its teacher

@@ -79,7 +79,7 @@ def test_a_trained_teacher_fits_its_own_data_in_eval_mode():
     from medflare.data import load_site
     from medflare.metrics import evaluate
 
-    cfg = get_preset("fediod_cls", {"data": {"beta": 0.1, "num_sites": 4}})
+    cfg = get_preset("fediod_cls", {"data": {"beta": 0.1, "num_sites": 4}, "fediod": {"teacher_outliers": 0}})
     data = load_site("site-3", cfg["data"])
     spec, train, _, _ = teacher_settings({}, cfg, "site-3", data.num_classes, data.in_channels, 28)
     teacher, _ = train_teacher(spec, train, data.train, data.task, torch.device("cpu"), seed=3)

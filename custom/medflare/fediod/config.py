@@ -41,8 +41,8 @@ defaults below fill the keys a preset leaves out.
       "teacher_outliers": 0.0,     # classification: weight of outlier exposure in stage 1, each teacher trained to answer
                                    # uniformly on shuffled-patch mosaics of its own images (medflare.fediod.outliers; not
                                    # the paper; a site's local/medflare_site.json fediod.teacher_train "outliers" overrides
-                                   # it for its teacher; 0 = off; 0.5 in the fediod_cls preset: +7.6 points at
-                                   # Dir(0.5) and +31.6 at Dir(0.05) on 10 sites, benchmarks/RESULTS_fediod.md)
+                                   # it for its teacher; 0 = off; 0.5 in the fediod_cls preset, whose comment
+                                   # gives the measured effect)
       "lr_generator": 1e-3, "lr_student": 1e-3, "lr_discriminator": 1e-3, "cosine": true,
       "label_source": "auxiliary-labels",  # segmentation: whose label maps condition G (server-side auxiliary labels)
       "calibrate_offsets": [],     # segmentation: background-logit offsets the sites score the student at on their

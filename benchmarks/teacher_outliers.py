@@ -5,9 +5,12 @@ the teachers' label-weighted ensemble (Eq. 8's label factor, what ``fediod_bench
 ceiling of what the student learns) with Eq. 9 and as a probability mixture at ``ensemble_tau`` 1 and 2, for each
 exponent of ``--confidence`` (``fediod.ensemble_confidence``: the weights times each teacher's top probability on the
 image to that power; 0 = Eq. 8's label factor alone), and each teacher's mean top probability on the test images of
-the classes its site does not hold.
+the classes its site does not hold. Two routes no ensemble can take, as bounds on what routing alone could reach:
+"holder" asks, for each test image, the teacher of the site with the most training images of its true class;
+"any" counts an image right when one teacher's argmax is right.
 
-Used for benchmarks/RESULTS_fediod.md, "Teachers that know what they do not know" and "A teacher's confidence".
+Used for benchmarks/RESULTS_fediod.md, "Teachers that know what they do not know", "A teacher's confidence" and "Routing,
+not knowledge".
 
     PYTHONPATH=custom python benchmarks/teacher_outliers.py --preset fediod_cls --sites 4 --data beta=0.1 --seeds 0,1,2,3,4 --weights 0,0.5,1
     PYTHONPATH=custom python benchmarks/teacher_outliers.py --preset fediod_cls --sites 4 --data beta=0.1 --seeds 0,1,2,3,4 --weights 0.5 --confidence 0,1,4,8
@@ -45,6 +48,8 @@ def main() -> None:
     ratio = label_ratio(counts)
     foreign = {n: ~torch.isin(y_test, torch.nonzero(counts[i]).flatten()) for i, n in enumerate(names)}
     columns = [("Eq. 9" if tau == 0 else f"tau {tau:g}") + (f", confidence^{p:g}" if p else "") for p in powers for tau in TAUS]
+    columns += ["holder", "any"]
+    holder = counts.argmax(0)[y_test]  # per test image: the site with the most training images of its true class
     print(f"| seed | outliers | {' | '.join(columns)} | mean top probability on classes the site lacks, per teacher | s |\n"
           f"|---|---|{'---|' * len(columns)}---|---|")
     for seed in (int(s) for s in args.seeds.split(",")):
@@ -63,6 +68,8 @@ def main() -> None:
                 factor = sure ** p if p else None
                 weights = ensemble_weights(ratio, factor).expand(len(names), len(y_test), -1)
                 accuracy += [float((aggregate(logits, weights, tau).argmax(1) == y_test).float().mean()) for tau in TAUS]
+            right = torch.stack([z.argmax(1) == y_test for z in logits])  # teachers x images
+            accuracy += [float(right[holder, torch.arange(len(y_test))].float().mean()), float(right.any(0).float().mean())]
             unsure = [float(z[foreign[n]].softmax(1).max(1).values.mean()) if foreign[n].any() else float("nan")
                       for z, n in zip(logits, names)]
             print(f"| {seed} | {weight:g} | " + " | ".join(f"{a:.3f}" for a in accuracy) + " | "

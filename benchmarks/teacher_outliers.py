@@ -7,7 +7,7 @@ exponent of ``--confidence`` (``fediod.ensemble_confidence``: the weights times 
 image to that power; 0 = Eq. 8's label factor alone), and each teacher's mean top probability on the test images of
 the classes its site does not hold. Two routes no ensemble can take, as bounds on what routing alone could reach:
 "holder" asks, for each test image, the teacher of the site with the most training images of its true class;
-"any" counts an image right when one teacher's argmax is right.
+"any" counts an image right when one teacher's argmax is right. Last, each teacher's own accuracy on the union test set.
 
 Used for benchmarks/RESULTS_fediod.md, "Teachers that know what they do not know", "A teacher's confidence" and "Routing,
 not knowledge".
@@ -50,8 +50,8 @@ def main() -> None:
     columns = [("Eq. 9" if tau == 0 else f"tau {tau:g}") + (f", confidence^{p:g}" if p else "") for p in powers for tau in TAUS]
     columns += ["holder", "any"]
     holder = counts.argmax(0)[y_test]  # per test image: the site with the most training images of its true class
-    print(f"| seed | outliers | {' | '.join(columns)} | mean top probability on classes the site lacks, per teacher | s |\n"
-          f"|---|---|{'---|' * len(columns)}---|---|")
+    print(f"| seed | outliers | {' | '.join(columns)} | mean top probability on classes the site lacks, per teacher | each teacher alone | s |\n"
+          f"|---|---|{'---|' * len(columns)}---|---|---|")
     for seed in (int(s) for s in args.seeds.split(",")):
         for weight in (float(w) for w in args.weights.split(",")):
             tic = time.perf_counter()
@@ -73,7 +73,8 @@ def main() -> None:
             unsure = [float(z[foreign[n]].softmax(1).max(1).values.mean()) if foreign[n].any() else float("nan")
                       for z, n in zip(logits, names)]
             print(f"| {seed} | {weight:g} | " + " | ".join(f"{a:.3f}" for a in accuracy) + " | "
-                  + " / ".join(f"{u:.2f}" for u in unsure) + f" | {time.perf_counter() - tic:.0f} |", flush=True)
+                  + " / ".join(f"{u:.2f}" for u in unsure) + " | " + " / ".join(f"{float(r.float().mean()):.3f}" for r in right)
+                  + f" | {time.perf_counter() - tic:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,10 @@ from medflare.common.results import describe, load_result
 from medflare.common.training import make_loader, make_loss, make_optimizer, train_epochs
 from medflare.fedst import comm
 from medflare.fedst import protocol as P
-from medflare.fedst.conditioning import check_domain_vectors, domain_vectors, encode_labels, participation_mean
+from medflare.fedst.conditioning import check_domain_vectors, domain_vectors, encode_labels, mixture_vectors, participation_mean
 from medflare.fedst.controller import FedSTJoinController, FedSTSeparateController
 from medflare.fedst.config import DiffusionConfig
-from medflare.fedst.diffusion import (build_style_generator, cycle, exchange_plan, exchange_steps, frozen_copy, generator_args,
+from medflare.fedst.diffusion import (build_style_generator, cycle, domain_guided, exchange_plan, exchange_steps, frozen_copy, generator_args,
                                       generator_optimizer, in_exchange_dtype, is_domain_entry, other_domain_term, proximal_anchor, proximal_term,
                                       sample_images, sampling_scheduler, select_entries, simple_and_other_domain_losses,
                                       simple_loss, train_generator, training_scheduler)
@@ -101,12 +101,52 @@ def test_all_zero_or_missing_domain_vectors_are_refused():
     lab = _labels(2)
     with pytest.raises(ValueError, match=r"row\(s\) \[1\] are all zero"):
         _forward(gen, lab, torch.tensor([[1.0, 0, 0], [0, 0, 0]]))
-    with pytest.raises(ValueError, match="not one-hot"):
+    with pytest.raises(ValueError, match=r"row\(s\) \[0\] are neither one-hot nor the uniform"):
         check_domain_vectors(torch.tensor([[0.5, 0.5, 0]]), 3)
+    check_domain_vectors(mixture_vectors(3, 2), 3)  # the mixture vector of domain guidance is allowed
     with pytest.raises(ValueError, match="pass a one-hot 'domain'"):
         _forward(gen, lab)
     with pytest.raises(ValueError, match="no domain input"):
         _forward(_generator(), lab, domain_vectors(0, 2, 2))
+
+
+def test_the_mixture_vector_gives_every_block_the_mean_of_the_sites_modulations():
+    gen = _generator(num_domains=3)
+    for mod in gen.modulation[:2]:
+        h = torch.randn(1, mod.proj.out_features // 2, 4, 4)
+        each = torch.stack([mod.proj(domain_vectors(k, 3, 1)) for k in range(3)]).mean(0)
+        assert torch.allclose(mod.proj(mixture_vectors(3, 1)), each, atol=1e-6)
+        assert torch.allclose(mod(h, mixture_vectors(3, 1)), torch.stack([mod(h, domain_vectors(k, 3, 1)) for k in range(3)]).mean(0), atol=1e-5)
+
+
+def test_domain_guidance_extrapolates_away_from_the_mixture_style():
+    """f(x, d) + w (f(x, d) - f(x, d_mix)), from one forward pass over the doubled batch; w = 0 is the plain generator."""
+    gen, lab = _generator(num_domains=3), _labels(2)
+    own, mix = _forward(gen, lab, domain_vectors(1, 3, 2)), _forward(gen, lab, mixture_vectors(3, 2))
+    assert (own - mix).abs().max() > 1e-3  # the domains differ, so guidance has something to amplify
+    torch.manual_seed(1)
+    x = torch.cat([torch.randn(2, 1, 8, 8), encode_labels(lab, 3)], dim=1)
+    t = torch.full((1,), 500)  # DiffusionInferer passes one timestep for the batch
+    with torch.no_grad():
+        assert torch.equal(domain_guided(gen, domain_vectors(1, 3, 2), 0.0)(x, timesteps=t), gen(x, t, domain=domain_vectors(1, 3, 2)))
+        for w in (0.5, 2.0):
+            guided = domain_guided(gen, domain_vectors(1, 3, 2), w)(x, timesteps=t)
+            assert torch.allclose(guided, own + w * (own - mix), atol=1e-5)
+            assert torch.allclose((guided - mix).norm(), (1 + w) * (own - mix).norm(), rtol=1e-4)
+
+
+def test_sampling_with_guidance_changes_only_what_the_domains_change():
+    """Through sample_images: with every domain modulated alike (f(x, d) = f(x, d_mix)) guidance draws the same images;
+    with distinct domains it draws others."""
+    sched, lab = sampling_scheduler(DiffusionConfig.from_dict({"scheduler": "rflow", "sample_steps": 3})), _labels(2)
+    gen = _generator(num_domains=3)
+    plain, guided = (sample_images(gen, sched, lab, domain_index=2, seed=4, guidance=w) for w in (0.0, 1.0))
+    assert (plain - guided).abs().max() > 1e-3
+    with torch.no_grad():
+        for mod in gen.modulation:  # one column for every domain: the modulation no longer depends on the vector
+            mod.proj.weight.copy_(mod.proj.weight[:, :1].expand_as(mod.proj.weight))
+    plain, guided = (sample_images(gen, sched, lab, domain_index=2, seed=4, guidance=w) for w in (0.0, 1.0))
+    assert torch.allclose(plain, guided, atol=1e-5)
 
 
 def test_participation_mean_keeps_an_entry_that_one_site_trains_whole():
@@ -501,6 +541,28 @@ def test_saved_file_reloads_predicts_and_samples(tmp_path, variant):
         result.sample([_labels(1, 16)[0]], {"domain": "site-1"})
     with pytest.raises(ConfigError, match="--domain"):
         result.sample([_labels(1, 32)[0]], {})
+
+
+def test_a_join_file_samples_with_its_jobs_domain_guidance(tmp_path):
+    """`medflare sample` draws a site's style as the job's sites did: with the saved ``diffusion.domain_guidance``."""
+    args = fedst_generator_args("fedst_tiny", None, 2)
+    torch.manual_seed(0)
+    gen = build_style_generator(args)
+    with torch.no_grad():
+        for p in gen.parameters():  # MONAI starts the output convolution at zero: make the domains draw differently
+            p.add_(0.1 * torch.randn_like(p))
+    labels = [_labels(1, 32)[0], _labels(1, 32)[0]]
+    drawn = {}
+    for w in (0.0, 2.0):
+        path = tmp_path / f"join_w{w}.pt"
+        save_result(path, description=fedst_description("fedst_tiny", {"diffusion": {"domain_guidance": w}}, "join"),
+                    sites=["site-1", "site-2"], generator_args=args, segmentation=state_to_numpy(build_from_spec(get_preset("fedst_tiny")["model"])),
+                    generator_state=state_to_numpy(gen), trained_classes={"site-1": [0, 1, 2], "site-2": [0, 1, 2]}, image_size=[32, 32])
+        drawn[w] = torch.stack(load_result(path).sample(labels, {"domain": "site-2", "seed": 0}))
+    assert (drawn[0.0] - drawn[2.0]).abs().max() > 1e-3
+    sampler = sampling_scheduler(DiffusionConfig.from_preset(get_preset("fedst_tiny")))
+    direct = sample_images(gen, sampler, torch.stack(labels), domain_index=1, seed=0, guidance=2.0)
+    assert torch.allclose(drawn[2.0], direct, atol=1e-5)
 
 
 def test_a_style_store_missing_a_site_and_untrained_classes_are_named(tmp_path):

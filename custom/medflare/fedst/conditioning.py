@@ -26,7 +26,10 @@ site's style can only go into its own column. Both deviate from the paper's plai
 
 An all-zero domain vector names no site: the modulation would then be the mapping's bias alone, a
 "style" no site has. :func:`check_domain_vectors` refuses it (ValueError naming the row), as well as
-vectors that are not one-hot, so a caller cannot draw an undefined style by mistake.
+vectors that are neither one-hot nor the uniform vector, so a caller cannot draw an undefined style by mistake. The
+uniform vector (:func:`mixture_vectors`, 1 / n everywhere) is allowed: the modulation is linear in the vector, so it
+gives every block the mean of the sites' scales and biases, the sites' mixture style -- the reference that domain
+guidance (:func:`medflare.fedst.diffusion.domain_guided`) steers away from.
 """
 
 from __future__ import annotations
@@ -70,8 +73,14 @@ def domain_vectors(index: int | Sequence[int], num_domains: int, batch: int | No
     return F.one_hot(idx, num_domains).float()
 
 
+def mixture_vectors(num_domains: int, batch: int) -> torch.Tensor:
+    """Uniform domain vectors (B, num_domains), 1 / num_domains everywhere: the mean of the sites' modulations."""
+    return torch.full((batch, num_domains), 1.0 / num_domains)
+
+
 def check_domain_vectors(domain: torch.Tensor, num_domains: int) -> None:
-    """Refuse what is not a batch of one-hot vectors (B, num_domains); an all-zero row names no domain."""
+    """Refuse what is not a batch of one-hot (or uniform: :func:`mixture_vectors`) vectors (B, num_domains); an
+    all-zero row names no domain."""
     if domain.ndim != 2 or domain.shape[1] != num_domains:
         raise ValueError(f"domain vectors must be shaped (B, {num_domains}), got {tuple(domain.shape)}")
     zero = (domain == 0).all(dim=1)
@@ -81,8 +90,10 @@ def check_domain_vectors(domain: torch.Tensor, num_domains: int) -> None:
             "style (the modulation would be its bias alone); pass a one-hot vector"
         )
     one_hot = ((domain == 0) | (domain == 1)).all(dim=1) & (domain.sum(dim=1) == 1)
-    if not one_hot.all():
-        raise ValueError(f"domain vector row(s) {(~one_hot).nonzero().flatten().tolist()} are not one-hot")
+    uniform = torch.isclose(domain, torch.full_like(domain, 1.0 / num_domains)).all(dim=1)
+    if not (one_hot | uniform).all():
+        raise ValueError(f"domain vector row(s) {(~(one_hot | uniform)).nonzero().flatten().tolist()} are neither one-hot "
+                         "nor the uniform mixture vector")
 
 
 class DomainModulation(nn.Module):

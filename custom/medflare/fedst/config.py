@@ -116,6 +116,11 @@ class DiffusionConfig(Section):
             against what it received) in float16; the server keeps and averages the generator in float32 and a site
             trains it in float32. Halves the generator's bytes, so the same byte budget buys twice the exchanges
             (``sync_steps``). Default "float32".
+        domain_guidance: FedST-join: weight w of domain guidance when a site draws another site's style: the
+            denoiser's output ``f(x, d) + w (f(x, d) - f(x, d_mix))``, pushed away from the sites' mixture style
+            (the uniform domain vector; :func:`medflare.fedst.diffusion.domain_guided`). Classifier-free guidance with
+            the mixture as the reference; sampling only (twice the sampling compute, no bytes). Not in the paper.
+            0 = off. Default 0.
         warmup_rounds: FedST-join: rounds in which only the generator is trained (FedAvg), before segmentation. Default 2.
         num_synthetic: label maps of a site turned into synthetic images per refresh (0 = all training cases). Default 0.
         sample_batch: images denoised together when sampling. Default 32.
@@ -142,6 +147,7 @@ class DiffusionConfig(Section):
     prox_mu: float = setting(0.0, NON_NEGATIVE)
     keep_other_domains: float = setting(0.0, NON_NEGATIVE)
     exchange_dtype: str = setting("float32", OneOf(EXCHANGE_DTYPES))
+    domain_guidance: float = setting(0.0, NON_NEGATIVE)
     warmup_rounds: int = setting(2, Int(0))
     num_synthetic: int = setting(0, Int(0))
     sample_batch: int = setting(32, Int(1))

@@ -31,7 +31,7 @@ from monai.networks.schedulers import DDIMScheduler, DDPMScheduler, RFlowSchedul
 from torch import nn
 
 from medflare import ConfigError, DataError, MedflareError, PayloadError
-from medflare.fedst.conditioning import DomainModulation, check_domain_vectors, domain_vectors, encode_labels
+from medflare.fedst.conditioning import DomainModulation, check_domain_vectors, domain_vectors, encode_labels, mixture_vectors
 from medflare.fedst.config import DiffusionConfig
 
 #: name prefix of the domain modulation's parameters in a :class:`StyleGenerator`'s state (FedST-join)
@@ -427,6 +427,25 @@ def train_generator(
     return losses
 
 
+def domain_guided(generator: StyleGenerator, domain: torch.Tensor, weight: float) -> Callable[..., torch.Tensor]:
+    """The denoiser pushed ``weight`` times further from the sites' mixture style than ``domain``'s own prediction:
+    ``f(x, d) + w (f(x, d) - f(x, d_mix))`` with ``d_mix`` the uniform vector (:func:`mixture_vectors`).
+
+    Classifier-free guidance (Ho & Salimans 2022) with the mixture style in place of the unconditional model: a
+    federated generator whose domain vectors draw styles pulled toward the sites' mean (benchmarks/RESULTS_fedst.md,
+    "Full scale") is extrapolated away from it at sampling time; no training, no bytes. Not in the paper. ``weight``
+    0 is the plain generator. Both predictions come from one forward pass over the doubled batch."""
+    if weight == 0:
+        return partial(generator, domain=domain)
+    mixture = mixture_vectors(generator.num_domains, domain.shape[0]).to(domain)
+
+    def guided(x: torch.Tensor, timesteps: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        own, mix = generator(torch.cat([x, x]), timesteps, context, domain=torch.cat([domain, mixture])).chunk(2)
+        return own + weight * (own - mix)
+
+    return guided
+
+
 @torch.no_grad()
 def sample_images(
     generator: StyleGenerator,
@@ -439,9 +458,11 @@ def sample_images(
     batch_size: int = 32,
     device: torch.device | str = "cpu",
     who: str = "the generator",
+    guidance: float = 0.0,
 ) -> torch.Tensor:
     """Synthetic images (B, image_channels, H, W) in [0, 1] for label maps (B, 1, H, W) (in the domain ``domain_index``
-    for a domain-conditioned generator), by the reverse process of ``scheduler`` from seeded Gaussian noise."""
+    for a domain-conditioned generator, steered ``guidance`` away from the sites' mixture: :func:`domain_guided`), by
+    the reverse process of ``scheduler`` from seeded Gaussian noise."""
     generator.eval()
     if label_maps.shape[0] == 0:
         return torch.empty(0, generator.image_channels, *label_maps.shape[2:])
@@ -457,7 +478,7 @@ def sample_images(
         noise = torch.randn((labels.shape[0], generator.image_channels, *labels.shape[2:]), generator=rng).to(device)
         model: Callable[..., torch.Tensor] = generator
         if domain_index is not None:
-            model = partial(generator, domain=domain_vectors(domain_index, generator.num_domains, labels.shape[0]).to(device))
+            model = domain_guided(generator, domain_vectors(domain_index, generator.num_domains, labels.shape[0]).to(device), guidance)
         images = inferer.sample(input_noise=noise, diffusion_model=model, scheduler=scheduler, conditioning=cond,
                                 mode="concat", verbose=False)
         out.append(from_model_range(images).cpu())

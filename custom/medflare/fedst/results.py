@@ -70,7 +70,8 @@ class FedSTResult(Result):
         return [("FedST segmentation model", self.segmentation)]
 
     def sample(self, label_maps: Sequence[torch.Tensor], options: Mapping[str, Any]) -> list[torch.Tensor]:
-        """Images in the style of ``options["domain"]`` from label maps (1, H, W) of the file's image size."""
+        """Images in the style of ``options["domain"]`` from label maps (1, H, W) of the file's image size (a join
+        generator with the ``diffusion.domain_guidance`` its job's sites drew with)."""
         if not label_maps:
             raise ConfigError(f"'{self.path}': FedST generators draw images from label maps; pass --labels DATALIST")
         domain = options.get("domain")
@@ -86,6 +87,7 @@ class FedSTResult(Result):
             generator, sampling_scheduler(self.diffusion), labels, domain_index=index,
             trained_classes=self.trained_classes.get(domain), seed=int(options.get("seed", 0) or 0),
             batch_size=self.diffusion.sample_batch, device=device, who=f"the generator of '{domain}' in '{self.path}'",
+            guidance=self.diffusion.domain_guidance if index is not None else 0.0,  # as the job's sites drew
         )
         return list(images)
 

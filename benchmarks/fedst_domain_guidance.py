@@ -19,37 +19,36 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from fedst_join_probe import class_means, identified, mixture_error, real_maps_and_means, style_error
 from medflare.data import load_site
-from medflare.fedst.config import DiffusionConfig
-from medflare.fedst.diffusion import build_style_generator, sample_images, sampling_scheduler
+from medflare.fedst.diffusion import sample_images, sampling_scheduler
+from medflare.fedst.results import JOIN_GENERATOR, load_fedst_result
 from medflare.presets import get_preset
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("generator", type=Path, help="a FedST-join run's FedST_join_generator.pt")
-    p.add_argument("--preset", default="fedst", help="the run's preset (data section and sampler)")
+    p.add_argument("--preset", default="fedst", help="the run's preset (its data section regenerates the real sites)")
     p.add_argument("--weights", default="0,1,2,4", help="comma-separated guidance weights to screen")
     p.add_argument("--maps", type=int, default=8, help="training label maps per site to draw from")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling noise")
     args = p.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     cfg = get_preset(args.preset)
-    saved = torch.load(args.generator, weights_only=False)
-    sites = list(saved["sites"])
-    generator = build_style_generator(saved["generator"])
-    generator.load_state_dict({k: torch.as_tensor(v) for k, v in saved["generator_state"].items()})
-    sampler = sampling_scheduler(DiffusionConfig.from_preset(cfg))
+    saved = load_fedst_result(args.generator)
+    if saved.kind != JOIN_GENERATOR:
+        p.error(f"{args.generator} is a {saved.kind}, not a FedST-join generator")
+    sites = saved.domains
+    generator = saved.networks["generator"]
+    sampler = sampling_scheduler(saved.diffusion)  # the sampler the run's sites used
     datas = {s: load_site(s, cfg["data"]) for s in sites}
     num_classes = datas[sites[0]].num_classes
     maps, real = {}, {}
     for s in sites:
         maps[s], real[s] = real_maps_and_means(datas[s], args.maps)
     fmt = lambda v: " / ".join(f"{x:.2f}" for x in v)  # noqa: E731 - a table cell
-    print(f"{args.generator} (round {saved.get('round')}), sites {sites}, {args.maps} maps each, sampling seed {args.seed}")
+    print(f"{args.generator} (round {saved.info.get('round')}), sites {sites}, {args.maps} maps each, sampling seed {args.seed}")
     print(f"mixture style error (a generator that ignores its domain vector): {mixture_error(real, sites):.3f}")
     for s in sites:
         print(f"  real {s}: {fmt(real[s])} (contrast {max(real[s]) - min(real[s]):.2f})")

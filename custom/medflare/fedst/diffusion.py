@@ -461,8 +461,9 @@ def sample_images(
     guidance: float = 0.0,
 ) -> torch.Tensor:
     """Synthetic images (B, image_channels, H, W) in [0, 1] for label maps (B, 1, H, W) (in the domain ``domain_index``
-    for a domain-conditioned generator, steered ``guidance`` away from the sites' mixture: :func:`domain_guided`), by
-    the reverse process of ``scheduler`` from seeded Gaussian noise."""
+    for a domain-conditioned generator, steered ``guidance`` away from the sites' mixture: :func:`domain_guided`; a
+    draw without ``domain_index`` has no mixture to leave and ignores it), by the reverse process of ``scheduler``
+    from seeded Gaussian noise."""
     generator.eval()
     if label_maps.shape[0] == 0:
         return torch.empty(0, generator.image_channels, *label_maps.shape[2:])

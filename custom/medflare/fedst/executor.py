@@ -273,7 +273,7 @@ class StyleSamplingExecutor(FedSTSiteExecutor):
             generator, sampling_scheduler(self.diffusion), labels, domain_index=sites.index(domain) if join else None,
             trained_classes=trained, seed=stable_seed("fedst-sample", self.seed, self.site, domain, rnd),
             batch_size=self.diffusion.sample_batch, device=self.torch_device, who=f"site '{self.site}' drawing '{domain}'",
-            guidance=self.diffusion.domain_guidance if join else 0.0,
+            guidance=self.diffusion.domain_guidance,
         )
         return images, labels
 

@@ -87,7 +87,7 @@ class FedSTResult(Result):
             generator, sampling_scheduler(self.diffusion), labels, domain_index=index,
             trained_classes=self.trained_classes.get(domain), seed=int(options.get("seed", 0) or 0),
             batch_size=self.diffusion.sample_batch, device=device, who=f"the generator of '{domain}' in '{self.path}'",
-            guidance=self.diffusion.domain_guidance if index is not None else 0.0,  # as the job's sites drew
+            guidance=self.diffusion.domain_guidance,  # as the job's sites drew (a style store has no domains: ignored)
         )
         return list(images)
 

@@ -7,17 +7,21 @@ import pytest
 import torch
 from monai.losses import DiceLoss, FocalLoss
 from monai.networks.schedulers import DDPMScheduler, RFlowScheduler
+from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import FLModel
 
 from medflare import ConfigError, DataError, PayloadError, ResultFileError
 from medflare.common.payload import flatten, payload_bytes, state_to_numpy
 from medflare.common.results import describe, load_result
 from medflare.common.training import make_loader, make_loss, make_optimizer, train_epochs
+from medflare.data import load_site
+from medflare.data.util import stable_seed
 from medflare.fedst import comm
 from medflare.fedst import protocol as P
 from medflare.fedst.conditioning import check_domain_vectors, domain_vectors, encode_labels, mixture_vectors, participation_mean
 from medflare.fedst.controller import FedSTJoinController, FedSTSeparateController
 from medflare.fedst.config import DiffusionConfig
+from medflare.fedst.executor import StyleSamplingExecutor
 from medflare.fedst.diffusion import (build_style_generator, cycle, domain_guided, exchange_plan, exchange_steps, frozen_copy, generator_args,
                                       generator_optimizer, in_exchange_dtype, is_domain_entry, other_domain_term, proximal_anchor, proximal_term,
                                       sample_images, sampling_scheduler, select_entries, simple_and_other_domain_losses,
@@ -563,6 +567,30 @@ def test_a_join_file_samples_with_its_jobs_domain_guidance(tmp_path):
     sampler = sampling_scheduler(DiffusionConfig.from_preset(get_preset("fedst_tiny")))
     direct = sample_images(gen, sampler, torch.stack(labels), domain_index=1, seed=0, guidance=2.0)
     assert torch.allclose(drawn[2.0], direct, atol=1e-5)
+
+
+def test_a_site_draws_another_sites_style_with_the_jobs_domain_guidance(tmp_path, monkeypatch):
+    """The sampling executor of a FedST-join site passes the job's ``diffusion.domain_guidance`` to the sampler (the
+    numbers of RESULTS_fedst.md's "Domain guidance" depend on it), with the seed of that site, style and round."""
+    monkeypatch.chdir(tmp_path)  # the executor's style cache folder, outside FLARE: under the working directory
+    args = fedst_generator_args("fedst_tiny", None, 2)
+    torch.manual_seed(0)
+    gen = build_style_generator(args)
+    with torch.no_grad():
+        for p in gen.parameters():  # MONAI starts the output convolution at zero: make the domains draw differently
+            p.add_(0.1 * torch.randn_like(p))
+    entry = {"state": {k: v.clone() for k, v in gen.state_dict().items()}, "version": 3}
+    drawn = {}
+    for w in (0.0, 1.0):
+        ex = StyleSamplingExecutor(preset="fedst_tiny", device="cpu",
+                                   overrides={"diffusion": {"domain_guidance": w, "num_synthetic": 3}})
+        ex.site, ex.data = "site-1", load_site("site-1", ex.cfg["data"])
+        ex.setup(FLContext())
+        drawn[w], labels = ex.draw("site-2", ["site-1", "site-2"], entry, None, True, 4)
+    assert labels.shape[0] == 3 and (drawn[0.0] - drawn[1.0]).abs().max() > 1e-3
+    direct = sample_images(gen, sampling_scheduler(ex.diffusion), labels, domain_index=1, batch_size=ex.diffusion.sample_batch,
+                           seed=stable_seed("fedst-sample", ex.seed, "site-1", "site-2", 4), guidance=1.0)
+    assert torch.allclose(drawn[1.0], direct, atol=1e-5)
 
 
 def test_a_style_store_missing_a_site_and_untrained_classes_are_named(tmp_path):

@@ -547,14 +547,21 @@ def test_saved_file_reloads_predicts_and_samples(tmp_path, variant):
         result.sample([_labels(1, 32)[0]], {})
 
 
-def test_a_join_file_samples_with_its_jobs_domain_guidance(tmp_path):
-    """`medflare sample` draws a site's style as the job's sites did: with the saved ``diffusion.domain_guidance``."""
+def _tiny_join_generator():
+    """A two-domain generator of ``fedst_tiny``'s shape, its arguments, and weights that make the domains draw apart
+    (MONAI starts the output convolution at zero, so an untrained generator draws the same for every domain)."""
     args = fedst_generator_args("fedst_tiny", None, 2)
     torch.manual_seed(0)
     gen = build_style_generator(args)
     with torch.no_grad():
-        for p in gen.parameters():  # MONAI starts the output convolution at zero: make the domains draw differently
+        for p in gen.parameters():
             p.add_(0.1 * torch.randn_like(p))
+    return args, gen
+
+
+def test_a_join_file_samples_with_its_jobs_domain_guidance(tmp_path):
+    """`medflare sample` draws a site's style as the job's sites did: with the saved ``diffusion.domain_guidance``."""
+    args, gen = _tiny_join_generator()
     labels = [_labels(1, 32)[0], _labels(1, 32)[0]]
     drawn = {}
     for w in (0.0, 2.0):
@@ -573,12 +580,7 @@ def test_a_site_draws_another_sites_style_with_the_jobs_domain_guidance(tmp_path
     """The sampling executor of a FedST-join site passes the job's ``diffusion.domain_guidance`` to the sampler (the
     numbers of RESULTS_fedst.md's "Domain guidance" depend on it), with the seed of that site, style and round."""
     monkeypatch.chdir(tmp_path)  # the executor's style cache folder, outside FLARE: under the working directory
-    args = fedst_generator_args("fedst_tiny", None, 2)
-    torch.manual_seed(0)
-    gen = build_style_generator(args)
-    with torch.no_grad():
-        for p in gen.parameters():  # MONAI starts the output convolution at zero: make the domains draw differently
-            p.add_(0.1 * torch.randn_like(p))
+    _, gen = _tiny_join_generator()
     entry = {"state": {k: v.clone() for k, v in gen.state_dict().items()}, "version": 3}
     drawn = {}
     for w in (0.0, 1.0):

@@ -36,14 +36,19 @@ from medflare.presets import get_preset
 TINY = {"channels": [8, 16], "num_res_blocks": 1, "attention_levels": [False, False], "norm_num_groups": 4, "num_head_channels": 4}
 
 
+def _perturbed(gen):
+    """``gen`` with every weight moved by 0.1 N(0, 1): MONAI zero-initialises the last conv of every block, so an
+    untrained UNet outputs 0 whatever the input (and draws the same for every domain)."""
+    with torch.no_grad():
+        for p in gen.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return gen
+
+
 def _generator(num_domains=0, num_classes=3, seed=0, perturb=True):
     torch.manual_seed(seed)
     gen = build_style_generator(generator_args(DiffusionConfig.from_dict({"generator": TINY}), 1, num_classes, num_domains))
-    if perturb:  # MONAI zero-initialises the last conv of every block: an untrained UNet outputs 0 whatever the input
-        with torch.no_grad():
-            for p in gen.parameters():
-                p.add_(0.1 * torch.randn_like(p))
-    return gen.eval()
+    return (_perturbed(gen) if perturb else gen).eval()
 
 
 def _labels(batch=2, size=8):
@@ -548,15 +553,11 @@ def test_saved_file_reloads_predicts_and_samples(tmp_path, variant):
 
 
 def _tiny_join_generator():
-    """A two-domain generator of ``fedst_tiny``'s shape, its arguments, and weights that make the domains draw apart
-    (MONAI starts the output convolution at zero, so an untrained generator draws the same for every domain)."""
+    """A two-domain generator of ``fedst_tiny``'s shape (what a join file of that preset holds), its arguments, and
+    weights that make the domains draw apart."""
     args = fedst_generator_args("fedst_tiny", None, 2)
     torch.manual_seed(0)
-    gen = build_style_generator(args)
-    with torch.no_grad():
-        for p in gen.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    return args, gen
+    return args, _perturbed(build_style_generator(args))
 
 
 def test_a_join_file_samples_with_its_jobs_domain_guidance(tmp_path):

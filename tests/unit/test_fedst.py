@@ -8,7 +8,9 @@ import torch
 from monai.losses import DiceLoss, FocalLoss
 from monai.networks.schedulers import DDPMScheduler, RFlowScheduler
 from nvflare.apis.fl_context import FLContext
+from nvflare.apis.signal import Signal
 from nvflare.app_common.abstract.fl_model import FLModel
+from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from medflare import ConfigError, DataError, PayloadError, ResultFileError
 from medflare.common.payload import flatten, payload_bytes, state_to_numpy
@@ -18,6 +20,7 @@ from medflare.data import load_site
 from medflare.data.util import stable_seed
 from medflare.fedst import comm
 from medflare.fedst import protocol as P
+from medflare.fedst.cache import JOIN_KEY
 from medflare.fedst.conditioning import check_domain_vectors, domain_vectors, encode_labels, mixture_vectors, participation_mean
 from medflare.fedst.controller import FedSTJoinController, FedSTSeparateController
 from medflare.fedst.config import DiffusionConfig
@@ -390,6 +393,51 @@ def test_warmup_sync_steps_split_only_the_generator_only_rounds():
     assert ctrl.predicted_generator_bytes() == 2 * len(ctrl.site_names) * ctrl.exchanges_in_job * g
     with pytest.raises(ConfigError, match="'diffusion.warmup_sync_steps'"):
         DiffusionConfig.from_dict({"warmup_sync_steps": -1})
+
+
+def test_a_join_generator_frozen_after_its_warmup_goes_down_once_with_the_sample_task():
+    """``diffusion.segmentation_steps`` 0: no generator exchange in the segmentation rounds; the finished generator goes
+    to each site once, with its first ``sample`` task, and the byte prediction counts that download (c G)."""
+    cfg = {"steps_per_round": 100, "sync_steps": 34, "warmup_rounds": 2}
+    assert exchange_steps(DiffusionConfig.from_dict({**cfg, "segmentation_steps": 50})) == [34, 16]
+    assert exchange_steps(DiffusionConfig.from_dict({**cfg, "segmentation_steps": 50}), warmup=True) == [34, 34, 32]
+    ctrl = _join_controller({"diffusion": {**cfg, "segmentation_steps": 0}})
+    warmup = ctrl.diffusion.warmup_rounds
+    assert [len(ctrl.plan(r)) for r in range(ctrl.rounds_in_job)] == [3] * warmup + [0] * ctrl.num_rounds
+    c, g = len(ctrl.site_names), ctrl.generator_size()
+    assert ctrl.predicted_generator_bytes() == 2 * c * 3 * warmup * g + c * g
+    ctrl.holding_final = set()
+    first = ctrl._sample_payload("site-1", warmup)
+    wire = flatten({P.GEN: ctrl._on_the_wire(ctrl.parts[P.GEN])})
+    assert set(first) == set(wire) and all(np.array_equal(first[k], wire[k]) for k in wire)
+    assert ctrl._sample_payload("site-1", warmup + 1) == {}  # once
+    assert set(ctrl._sample_payload("site-2", warmup + 1)) == set(wire)
+    training = _join_controller({"diffusion": cfg})  # the generator trains every round: the sites hold the last exchange's
+    training.holding_final = set()
+    assert training._sample_payload("site-1", warmup) == {} and training.final_downloads_in_job == 0
+    with pytest.raises(ConfigError, match="would never train"):
+        DiffusionConfig.from_dict({"segmentation_steps": 0, "warmup_rounds": 0})
+
+
+def test_a_join_site_samples_with_the_finished_generator_the_sample_task_brings(tmp_path, monkeypatch):
+    """The sampling executor keeps the generator a ``sample`` task carries (FedST-join frozen after its warm-up) and
+    draws the cross-domain images with it, not with the one of its last generator exchange."""
+    monkeypatch.chdir(tmp_path)
+    _, gen = _tiny_join_generator()
+    state = state_to_numpy(gen)
+    ex = StyleSamplingExecutor(preset="fedst_tiny", device="cpu", overrides={"diffusion": {"num_synthetic": 3}})
+    ex.site, ex.data = "site-1", load_site("site-1", ex.cfg["data"])
+    ex.setup(FLContext())
+    stale = {k: np.zeros_like(v) for k, v in state.items()}  # what the last exchange left in the site's cache
+    ex.cache.put_generator(JOIN_KEY, stale, 1)
+    sites, classes = ["site-1", "site-2"], {"site-1": [0, 1, 2], "site-2": [0, 1, 2]}
+    task = FLModelUtils.to_shareable(FLModel(params=flatten({P.GEN: state}), current_round=2,
+                                             meta={P.VARIANT: "join", P.SITES: sites, P.CLASSES: classes, P.REFRESH: True}))
+    ex.sample(task, FLContext(), Signal())
+    assert ex.cache.generator_version(JOIN_KEY) == 2
+    cached = ex.cache.synthetic("site-2")
+    expected, _ = ex.draw("site-2", sites, {"state": {k: torch.as_tensor(v) for k, v in state.items()}}, classes["site-2"], True, 2)
+    assert cached is not None and torch.allclose(torch.as_tensor(cached["images"]), expected, atol=1e-5)
 
 
 def test_a_domain_exchange_averages_only_the_domain_modulation():

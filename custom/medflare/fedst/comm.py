@@ -12,6 +12,8 @@ m the number of rounds in which the join generator is exchanged.
   several exchanges; with ``sync_steps`` 0 an exchange is a round, as in the paper). With ``diffusion.sync_layers``
   "domain" a round of E exchanges moves the whole generator once each way and the domain modulation (D bytes) in its
   other 2 (E - 1) transfers: 2 c (G + (E - 1) D) per round, i.e. m = the rounds and p = (E - 1) per round below.
+  With ``diffusion.segmentation_steps`` 0 the generator trains only in the warm-up rounds and the finished one goes
+  down once more (c G), with the first ``sample`` task.
 - **paper** (Eq. 4): join costs c (2m + 1) G (one more download per site than here: the final model is
   distributed once more), separate c^2 G, so join is cheaper iff 2m + 1 < c, i.e. m < (c - 1) / 2. With this
   implementation's join (no final download) the crossover is m < c / 2.
@@ -42,14 +44,17 @@ def separate_generator_bytes(sites: int, generator_bytes: int, shares: int = 1) 
     return shares * sites * sites * generator_bytes
 
 
-def join_generator_bytes(sites: int, rounds: int, generator_bytes: int, partial: int = 0, domain_bytes: int = 0) -> int:
+def join_generator_bytes(sites: int, rounds: int, generator_bytes: int, partial: int = 0, domain_bytes: int = 0,
+                         downloads: int = 0) -> int:
     """Generator bytes of FedST-join as implemented: per site one download and one diff upload of the whole generator
-    in each of ``rounds`` exchanges, and of the domain modulation alone (``domain_bytes``) in each of ``partial``
-    exchanges (``diffusion.sync_layers`` "domain": ``rounds`` = generator rounds, ``partial`` = (E - 1) per round):
-    2 c (m G + p D)."""
+    in each of ``rounds`` exchanges, of the domain modulation alone (``domain_bytes``) in each of ``partial``
+    exchanges (``diffusion.sync_layers`` "domain": ``rounds`` = generator rounds, ``partial`` = (E - 1) per round),
+    and ``downloads`` downloads of the whole generator alone (``diffusion.segmentation_steps`` 0: the finished one,
+    once): 2 c (m G + p D) + c d G."""
     _check(sites, rounds, generator_bytes)
     _check(sites, partial, domain_bytes)
-    return 2 * sites * (rounds * generator_bytes + partial * domain_bytes)
+    _check(sites, downloads, generator_bytes)
+    return 2 * sites * (rounds * generator_bytes + partial * domain_bytes) + sites * downloads * generator_bytes
 
 
 def paper_join_bytes(sites: int, rounds: int, generator_bytes: int) -> int:

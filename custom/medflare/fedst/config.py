@@ -122,6 +122,11 @@ class DiffusionConfig(Section):
             the mixture as the reference; sampling only (twice the sampling compute, no bytes). Not in the paper.
             0 = off. Default 0.
         warmup_rounds: FedST-join: rounds in which only the generator is trained (FedAvg), before segmentation. Default 2.
+        segmentation_steps: FedST-join: generator steps in each segmentation round (split by ``sync_steps`` as
+            ``steps_per_round`` is); null = ``steps_per_round``. 0 = the generator is trained only in the
+            ``warmup_rounds``, as FedST-separate's is before its one upload: no generator exchange in the segmentation
+            rounds; the server sends the finished generator once, with the first ``sample`` task (c G), and the sites
+            draw their cross-domain images from it. Default null.
         num_synthetic: label maps of a site turned into synthetic images per refresh (0 = all training cases). Default 0.
         sample_batch: images denoised together when sampling. Default 32.
     """
@@ -149,10 +154,14 @@ class DiffusionConfig(Section):
     exchange_dtype: str = setting("float32", OneOf(EXCHANGE_DTYPES))
     domain_guidance: float = setting(0.0, NON_NEGATIVE)
     warmup_rounds: int = setting(2, Int(0))
+    segmentation_steps: int | None = setting(None, OrNone(Int(0)))
     num_synthetic: int = setting(0, Int(0))
     sample_batch: int = setting(32, Int(1))
 
     def check(self) -> None:
+        if self.segmentation_steps == 0 and self.warmup_rounds == 0:
+            raise ConfigError("'diffusion.segmentation_steps' 0 trains FedST-join's generator only in its warm-up rounds, and "
+                              "'diffusion.warmup_rounds' is 0: the generator would never train")
         if self.sample_steps > self.train_timesteps:
             raise ConfigError(f"'diffusion.sample_steps' ({self.sample_steps}) cannot exceed 'diffusion.train_timesteps' "
                               f"({self.train_timesteps})")

@@ -358,34 +358,54 @@ class FedSTJoinController(FedSTController):
         warmup = self.diffusion.warmup_rounds
         self.info(f"FedST-join: sites {self.site_names}, {warmup} generator rounds + {self.num_rounds} rounds, lambda {self.lam}, "
                   f"refresh every {self.refresh_every or 'never'}")
+        self.holding_final: set[str] = set()  # sites that hold the generator as it is now on the server
         for rnd in range(self.rounds_in_job):
             self.start_round(rnd, self.rounds_in_job)
-            plan = self.plan(rnd)
-            for exchange, (steps, down, up) in enumerate(plan):
-                sent = flatten({P.GEN: self._on_the_wire(select_entries(self.parts[P.GEN], down))})
-                payloads = {s: FLModel(params_type=ParamsType.FULL, params=sent, current_round=rnd,
-                                       meta=self._meta(**{P.STEPS: steps, P.EXCHANGE: exchange, P.EXCHANGES: len(plan),
-                                                          P.UPLOAD: up}))
-                            for s in self.site_names}
-                results = self._send(self.generator_task, payloads, rnd, "generator")
-                if not results:
-                    return
-                for site, res in results.items():
-                    self._note_site(site, res)
-                self.parts[P.GEN] = self._combine_generator(results, up)
-            losses = {s: generator_summary(r).get("loss_mean") for s, r in results.items()}
-            self.info(f"round {rnd}: join generator averaged over {sorted(results)} {len(plan)} time(s) "
-                      f"({self.diffusion.sync_layers} layers); "
-                      f"mean L_simple per site in the last exchange {losses}")
+            if not self._train_generator(rnd):
+                return
             if rnd < warmup:
                 self.save_model(self._model(self.metrics, rnd + 1))
                 self.report_round(rnd, self.rounds_in_job + 1, self.key_metric, {})  # a generator round: no scores yet
                 continue
             seg_round = rnd - warmup
             refresh = seg_round == 0 or (self.refresh_every > 0 and seg_round % self.refresh_every == 0)
-            self._segmentation_round(rnd, refresh, lambda site: {})
+            self._segmentation_round(rnd, refresh, lambda site, rnd=rnd: self._sample_payload(site, rnd))
         self._finish(self.rounds_in_job)
         self.info(f"FedST-join finished: generator and segmentation model in {self.get_app_dir()}")
+
+    def _train_generator(self, rnd: int) -> bool:
+        """Round ``rnd``'s generator exchanges (none where :meth:`plan` is empty); False when no site answered."""
+        plan = self.plan(rnd)
+        if not plan:
+            return True
+        for exchange, (steps, down, up) in enumerate(plan):
+            sent = flatten({P.GEN: self._on_the_wire(select_entries(self.parts[P.GEN], down))})
+            payloads = {s: FLModel(params_type=ParamsType.FULL, params=sent, current_round=rnd,
+                                   meta=self._meta(**{P.STEPS: steps, P.EXCHANGE: exchange, P.EXCHANGES: len(plan),
+                                                      P.UPLOAD: up}))
+                        for s in self.site_names}
+            results = self._send(self.generator_task, payloads, rnd, "generator")
+            if not results:
+                return False
+            for site, res in results.items():
+                self._note_site(site, res)
+            self.parts[P.GEN] = self._combine_generator(results, up)
+        self.holding_final = set()  # the sites sample with what they received in the last exchange, before its average
+        losses = {s: generator_summary(r).get("loss_mean") for s, r in results.items()}
+        self.info(f"round {rnd}: join generator averaged over {sorted(results)} {len(plan)} time(s) "
+                  f"({self.diffusion.sync_layers} layers); "
+                  f"mean L_simple per site in the last exchange {losses}")
+        return True
+
+    def _sample_payload(self, site: str, rnd: int) -> dict[str, np.ndarray]:
+        """What the ``sample`` task carries to ``site``: nothing in a round that trains the generator (the site samples
+        with the generator of the round's last exchange); in a round that does not (``diffusion.segmentation_steps``
+        0), the finished generator, once per site."""
+        if self.plan(rnd) or site in self.holding_final:
+            return {}
+        self.holding_final.add(site)
+        self.info(f"round {rnd}: the finished join generator goes to '{site}' for sampling")
+        return flatten({P.GEN: self._on_the_wire(self.parts[P.GEN])})
 
     def _combine_generator(self, results: Mapping[str, FLModel], part: str = ALL) -> dict[str, np.ndarray]:
         """The global generator plus the per-entry mean of the sites' diffs of ``part`` ("all" | "domain": the other
@@ -422,15 +442,21 @@ class FedSTJoinController(FedSTController):
     def domain_size(self) -> int:
         return nbytes(self._on_the_wire(select_entries(self.parts[P.GEN], DOMAIN)))
 
+    @property
+    def final_downloads_in_job(self) -> int:
+        """1 where the segmentation rounds exchange no generator and sample from it (the finished one goes down once)."""
+        return int(self.lam > 0 and self.num_rounds > 0 and not self.plan(self.rounds_in_job - 1))
+
     def predicted_generator_bytes(self) -> int:
         partial = self.partial_exchanges_in_job
         return comm.join_generator_bytes(len(self.site_names), self.exchanges_in_job - partial, self.generator_size(), partial,
-                                         self.domain_size())
+                                         self.domain_size(), self.final_downloads_in_job)
 
     def cost_terms(self) -> dict[str, Any]:
         c, m, g = len(self.site_names), self.exchanges_in_job, self.generator_size()
         return {"generator_rounds": self.rounds_in_job, "generator_exchanges": m, "sync_layers": self.diffusion.sync_layers,
                 "domain_only_exchanges": self.partial_exchanges_in_job, "domain_bytes_each": self.domain_size(),
+                "final_downloads": self.final_downloads_in_job,
                 "exchange_dtype": self.diffusion.exchange_dtype,
                 "paper_join_bytes": comm.paper_join_bytes(c, m, g),
                 "separate_bytes_same_sites": comm.separate_generator_bytes(c, nbytes(self.parts[P.GEN])),  # sent in float32

@@ -43,9 +43,12 @@ def exchange_steps(cfg: DiffusionConfig, warmup: bool = False) -> list[int]:
     """FedST-join: the local steps of each generator exchange in one round -- ``steps_per_round`` split into chunks
     of ``sync_steps`` (the last one shorter), or one exchange of all of them when ``sync_steps`` is 0. In a
     generator-only round (``warmup``, the first ``warmup_rounds``) the chunks are ``warmup_sync_steps`` where set:
-    more averages while the domain modulation forms, when no segmentation bytes travel."""
-    steps = cfg.steps_per_round
+    more averages while the domain modulation forms, when no segmentation bytes travel. A segmentation round trains
+    ``segmentation_steps`` where set: none (no exchange) when it is 0."""
+    steps = cfg.steps_per_round if warmup or cfg.segmentation_steps is None else cfg.segmentation_steps
     sync = cfg.warmup_sync_steps if warmup and cfg.warmup_sync_steps is not None else cfg.sync_steps
+    if steps == 0:
+        return []
     if sync == 0 or sync >= steps:
         return [steps]
     return [sync] * (steps // sync) + ([steps % sync] if steps % sync else [])

@@ -229,6 +229,9 @@ class StyleSamplingExecutor(FedSTSiteExecutor):
         classes = {s: list(v) for s, v in (meta.get(P.CLASSES) or {}).items()}
         versions = {s: int(v) for s, v in (meta.get(P.VERSIONS) or {}).items()}
         for prefix, params in unflatten(incoming.params or {}).items():  # FedST-separate: new style-store entries
+            if join and prefix == P.GEN:  # FedST-join whose generator trained only in the warm-up: the finished one, once
+                self.cache.put_generator(JOIN_KEY, params, rnd)
+                continue
             index = int(prefix.rpartition("_")[2])
             domain = sites[index]
             self.cache.put_generator(domain, params, versions.get(domain, rnd), classes.get(domain, []))

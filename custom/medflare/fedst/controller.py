@@ -115,6 +115,7 @@ class FedSTController(SiteRounds):
         self.image_size = meta.get(META_SIZE)
         self.image_size_of: dict[str, list[int]] = {}
         self.versions: dict[str, int] = dict(meta.get(META_VERSIONS) or {})
+        self.held: dict[str, dict[str, int]] = {s: {} for s in self.site_names}  # site -> {generator: version it holds}
         self.ledger = comm.Ledger()
         self.metrics: dict[str, float] = {}
 
@@ -262,7 +263,6 @@ class FedSTSeparateController(FedSTController):
 
     def run(self) -> None:
         self._start()
-        self.held: dict[str, dict[str, int]] = {s: {} for s in self.site_names}  # site -> {domain: version it holds}
         self.info(f"FedST-separate: sites {self.site_names}, {self.num_rounds} rounds, lambda {self.lam}, refresh every "
                   f"{self.refresh_every or 'never'}")
         for rnd in range(self.num_rounds):
@@ -358,7 +358,7 @@ class FedSTJoinController(FedSTController):
         warmup = self.diffusion.warmup_rounds
         self.info(f"FedST-join: sites {self.site_names}, {warmup} generator rounds + {self.num_rounds} rounds, lambda {self.lam}, "
                   f"refresh every {self.refresh_every or 'never'}")
-        self.holding_final: set[str] = set()  # sites that hold the generator as it is now on the server
+        self.generator_version = -1  # the round that last trained the join generator
         for rnd in range(self.rounds_in_job):
             self.start_round(rnd, self.rounds_in_job)
             if not self._train_generator(rnd):
@@ -390,7 +390,7 @@ class FedSTJoinController(FedSTController):
             for site, res in results.items():
                 self._note_site(site, res)
             self.parts[P.GEN] = self._combine_generator(results, up)
-        self.holding_final = set()  # the sites sample with what they received in the last exchange, before its average
+        self.generator_version = rnd
         losses = {s: generator_summary(r).get("loss_mean") for s, r in results.items()}
         self.info(f"round {rnd}: join generator averaged over {sorted(results)} {len(plan)} time(s) "
                   f"({self.diffusion.sync_layers} layers); "
@@ -400,10 +400,10 @@ class FedSTJoinController(FedSTController):
     def _sample_payload(self, site: str, rnd: int) -> dict[str, np.ndarray]:
         """What the ``sample`` task carries to ``site``: nothing in a round that trains the generator (the site samples
         with the generator of the round's last exchange); in a round that does not (``diffusion.segmentation_steps``
-        0), the finished generator, once per site."""
-        if self.plan(rnd) or site in self.holding_final:
+        0), the finished generator, to a site that does not hold it yet (the same bookkeeping as FedST-separate's store)."""
+        if self.plan(rnd) or self.held[site].get(P.GEN) == self.generator_version:
             return {}
-        self.holding_final.add(site)
+        self.held[site][P.GEN] = self.generator_version
         self.info(f"round {rnd}: the finished join generator goes to '{site}' for sampling")
         return flatten({P.GEN: self._on_the_wire(self.parts[P.GEN])})
 

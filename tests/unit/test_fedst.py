@@ -406,14 +406,14 @@ def test_a_join_generator_frozen_after_its_warmup_goes_down_once_with_the_sample
     assert [len(ctrl.plan(r)) for r in range(ctrl.rounds_in_job)] == [3] * warmup + [0] * ctrl.num_rounds
     c, g = len(ctrl.site_names), ctrl.generator_size()
     assert ctrl.predicted_generator_bytes() == 2 * c * 3 * warmup * g + c * g
-    ctrl.held, ctrl.generator_version = {s: {} for s in ctrl.site_names}, warmup - 1  # as run() leaves them after the warm-up
+    ctrl.held = {s: {} for s in ctrl.site_names}  # as _start sets it up
     first = ctrl._sample_payload("site-1", warmup)
     wire = flatten({P.GEN: ctrl._on_the_wire(ctrl.parts[P.GEN])})
     assert set(first) == set(wire) and all(np.array_equal(first[k], wire[k]) for k in wire)
     assert ctrl._sample_payload("site-1", warmup + 1) == {}  # once
     assert set(ctrl._sample_payload("site-2", warmup + 1)) == set(wire)
     training = _join_controller({"diffusion": cfg})  # the generator trains every round: the sites hold the last exchange's
-    training.held, training.generator_version = {s: {} for s in training.site_names}, warmup
+    training.held = {s: {} for s in training.site_names}
     assert training._sample_payload("site-1", warmup) == {} and training.final_downloads_in_job == 0
     with pytest.raises(ConfigError, match="would never train"):
         DiffusionConfig.from_dict({"segmentation_steps": 0, "warmup_rounds": 0})

@@ -358,7 +358,6 @@ class FedSTJoinController(FedSTController):
         warmup = self.diffusion.warmup_rounds
         self.info(f"FedST-join: sites {self.site_names}, {warmup} generator rounds + {self.num_rounds} rounds, lambda {self.lam}, "
                   f"refresh every {self.refresh_every or 'never'}")
-        self.generator_version = -1  # the round that last trained the join generator
         for rnd in range(self.rounds_in_job):
             self.start_round(rnd, self.rounds_in_job)
             if not self._train_generator(rnd):
@@ -390,7 +389,6 @@ class FedSTJoinController(FedSTController):
             for site, res in results.items():
                 self._note_site(site, res)
             self.parts[P.GEN] = self._combine_generator(results, up)
-        self.generator_version = rnd
         losses = {s: generator_summary(r).get("loss_mean") for s, r in results.items()}
         self.info(f"round {rnd}: join generator averaged over {sorted(results)} {len(plan)} time(s) "
                   f"({self.diffusion.sync_layers} layers); "
@@ -401,9 +399,10 @@ class FedSTJoinController(FedSTController):
         """What the ``sample`` task carries to ``site``: nothing in a round that trains the generator (the site samples
         with the generator of the round's last exchange); in a round that does not (``diffusion.segmentation_steps``
         0), the finished generator, to a site that does not hold it yet (the same bookkeeping as FedST-separate's store)."""
-        if self.plan(rnd) or self.held[site].get(P.GEN) == self.generator_version:
+        version = max((r for r in range(rnd) if self.plan(r)), default=-1)  # the round that last trained it
+        if self.plan(rnd) or self.held[site].get(P.GEN) == version:
             return {}
-        self.held[site][P.GEN] = self.generator_version
+        self.held[site][P.GEN] = version
         self.info(f"round {rnd}: the finished join generator goes to '{site}' for sampling")
         return flatten({P.GEN: self._on_the_wire(self.parts[P.GEN])})
 

@@ -3,7 +3,7 @@
     python benchmarks/fedst_join_probe.py --mode fed --local-steps 10 --steps 240 [--preset fedst_tiny]
         [--sites site-1,site-2] [--lr 2e-3] [--domain-lr 2e-2] [--maps 24] [--seed 0] [--out FILE.jsonl]
         [--full-every 40 --sync-layers domain] [--prox-mu 1] [--keep-other-domains 1] [--exchange-dtype float16]
-        [--domain-init-std 1.0]
+        [--domain-init-std 1.0] [--quantize-bits 4]
 
 One process, no FLARE, the package's own modules (``medflare.fedst.diffusion`` / ``conditioning``): the generator of the
 preset (``diffusion`` section) is trained on the ``--sites``' training images (N sites, two by default), each with its
@@ -20,8 +20,11 @@ own one-hot domain vector, for ``--steps`` generator steps in all (the same comp
              ``--prox-mu`` adds FedProx's proximal term on the shared layers (``diffusion.prox_mu``), and
              ``--keep-other-domains W`` keeps the generator's predictions for the other domain at those of the generator
              last received (weight W; :func:`medflare.fedst.diffusion.other_domain_term`); ``--exchange-dtype float16``
-             sends the generator and the diffs in float16 (``diffusion.exchange_dtype``). The generator bytes one site
-             sent and received are printed (``bytes_per_site``).
+             sends the generator and the diffs in float16 (``diffusion.exchange_dtype``); ``--quantize-bits B``
+             (B = 8 or 4; not in the package yet) sends both ways only B-bit diffs instead, blockwise absmax-scaled
+             (64 values per float16 scale), with error feedback: the server sends the global generator minus what the
+             sites hold, a site sends its generator minus what it received plus what its last upload's rounding lost.
+             The generator bytes one site sent and received are printed (``bytes_per_site``).
 
 Then it draws images from ``--maps`` training label maps of each site with each domain vector and prints the mean
 intensity of the drawn images in every label class, next to the real images' means. Style transfer succeeds
@@ -108,6 +111,38 @@ def _batches(data, batch: int, seed: int, site: str):
     return cycle(lambda epoch: make_loader(data.train, batch, True, seed=stable_seed("fedst-probe", seed, site, epoch)))
 
 
+QUANT_BLOCK = 64
+
+
+def quantized(diff: dict, bits: int) -> tuple[dict, int]:
+    """``diff`` as it arrives after blockwise absmax ``bits``-bit rounding (64 values per float16 scale), and its bytes.
+
+    Simulates the wire of ``--quantize-bits``: every float entry is cut into blocks of 64 values, each sent as signed
+    ``bits``-bit integers times one float16 scale (the block's largest magnitude over ``2**(bits-1) - 1``)."""
+    levels = 2 ** (bits - 1) - 1
+    out, size = {}, 0
+    for name, value in diff.items():
+        a = np.asarray(value, dtype=np.float32)
+        flat = a.reshape(-1)
+        pad = (-flat.size) % QUANT_BLOCK
+        blocks = np.concatenate([flat, np.zeros(pad, np.float32)]).reshape(-1, QUANT_BLOCK)
+        scale = (np.abs(blocks).max(axis=1, keepdims=True) / levels).astype(np.float16).astype(np.float32)
+        q = np.where(scale > 0, np.round(blocks / np.where(scale > 0, scale, 1.0)), 0.0).clip(-levels, levels)
+        out[name] = (q * scale).reshape(-1)[: flat.size].reshape(a.shape)
+        size += (flat.size * bits + 7) // 8 + 2 * blocks.shape[0]
+    return out, size
+
+
+def sent_with_feedback(change: dict, residual: dict, bits: int) -> tuple[dict, int, dict]:
+    """A site's upload under ``--quantize-bits``: ``change`` plus what the last upload's rounding lost, quantized.
+
+    Returns what the server receives, its bytes and the new residual, so that over many exchanges the sum received
+    stays within one rounding of the sum of the changes (error feedback) instead of drifting by every rounding."""
+    want = {name: v + residual.get(name, 0.0) for name, v in change.items()}
+    got, size = quantized(want, bits)
+    return got, size, {name: want[name] - got[name] for name in want}
+
+
 def train(args, cfg, datas, sites, num_classes, in_channels) -> tuple[torch.nn.Module, list[float]]:
     diff = DiffusionConfig.from_preset(cfg)
     torch.manual_seed(args.seed)
@@ -132,9 +167,18 @@ def train(args, cfg, datas, sites, num_classes, in_channels) -> tuple[torch.nn.M
     anchor: dict = {}
     reference: dict = {}
     args.bytes_per_site = 0
+    residual = {s: {} for s in sites}  # --quantize-bits: what a site's last upload's rounding lost
     for rnd in range(rounds):
         for ex, (steps, down, up) in enumerate(plan):
-            sent = in_exchange_dtype(select_entries(state_to_numpy(glob), down), args.exchange_dtype)
+            if args.quantize_bits:
+                if down != ALL or up != ALL:
+                    raise SystemExit("--quantize-bits needs --sync-layers all")
+                held = base[sites[0]]  # every site holds the same copy: the sum of what the server sent
+                sent_diff, sent_bytes = quantized(weight_diff(state_to_numpy(glob), held), args.quantize_bits)
+                sent = {name: held[name] + sent_diff[name] for name in sent_diff}
+            else:
+                sent = in_exchange_dtype(select_entries(state_to_numpy(glob), down), args.exchange_dtype)
+                sent_bytes = nbytes(sent)
             diffs = []
             for k, s in enumerate(sites):
                 base[s].update(sent)
@@ -146,11 +190,17 @@ def train(args, cfg, datas, sites, num_classes, in_channels) -> tuple[torch.nn.M
                                           seed=args.seed * 100003 + (rnd * len(plan) + ex) * 97 + k,
                                           prox_mu=diff.prox_mu, anchor=anchor[s],
                                           keep_other_domains=args.keep_other_domains, reference=reference[s])
-                diffs.append(in_exchange_dtype(weight_diff(select_entries(state_to_numpy(local[s]), up), base[s]), args.exchange_dtype))
+                change = weight_diff(select_entries(state_to_numpy(local[s]), up), base[s])
+                if args.quantize_bits:
+                    got, up_bytes, residual[s] = sent_with_feedback(change, residual[s], args.quantize_bits)
+                    diffs.append(got)
+                else:
+                    diffs.append(in_exchange_dtype(change, args.exchange_dtype))
+                    up_bytes = nbytes(diffs[-1])
             mean = participation_mean(diffs, [1.0] * len(sites))
             now = state_to_numpy(glob)
             load_numpy_state(glob, {**now, **{name: now[name] + mean[name] for name in mean}})
-            args.bytes_per_site += nbytes(sent) + nbytes(diffs[0])
+            args.bytes_per_site += sent_bytes + up_bytes
     return glob, losses
 
 
@@ -168,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="weight of the term that keeps the other domains' predictions at the received generator's (fed)")
     p.add_argument("--exchange-dtype", choices=["float32", "float16"], default="float32",
                    help="diffusion.exchange_dtype: the float type the generator and the diffs travel in (fed)")
+    p.add_argument("--quantize-bits", type=int, choices=[0, 4, 8], default=0,
+                   help="send B-bit blockwise diffs both ways with error feedback instead of --exchange-dtype (fed; 0 = off)")
     p.add_argument("--steps", type=int, default=240, help="generator steps in all (both sites together)")
     p.add_argument("--preset", default="fedst_tiny")
     p.add_argument("--sites", default="site-1,site-2")
@@ -209,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     row = {"mode": args.mode, "local_steps": args.local_steps if fed else None,
            "full_every": full_every if fed else None, "sync_layers": args.sync_layers if fed else None,
            "prox_mu": args.prox_mu if fed else None, "keep_other_domains": args.keep_other_domains if fed else None,
-           "exchange_dtype": args.exchange_dtype if fed else None,
+           "exchange_dtype": args.exchange_dtype if fed else None, "quantize_bits": args.quantize_bits if fed else None,
            "rounds": args.steps // (len(sites) * full_every) if fed else None,
            "generator_bytes": generator_nbytes(generator),
            "bytes_per_site": getattr(args, "bytes_per_site", 0) if fed else None,

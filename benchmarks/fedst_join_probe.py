@@ -127,7 +127,7 @@ def quantized(diff: dict, bits: int) -> tuple[dict, int]:
         pad = (-flat.size) % QUANT_BLOCK
         blocks = np.concatenate([flat, np.zeros(pad, np.float32)]).reshape(-1, QUANT_BLOCK)
         scale = (np.abs(blocks).max(axis=1, keepdims=True) / levels).astype(np.float16).astype(np.float32)
-        q = np.where(scale > 0, np.round(blocks / np.where(scale > 0, scale, 1.0)), 0.0).clip(-levels, levels)
+        q = np.round(blocks / np.where(scale > 0, scale, 1.0)).clip(-levels, levels)  # a block of scale 0 is all zeros
         out[name] = (q * scale).reshape(-1)[: flat.size].reshape(a.shape)
         size += (flat.size * bits + 7) // 8 + 2 * blocks.shape[0]
     return out, size

@@ -47,7 +47,8 @@ import time
 import numpy as np
 import torch
 
-from medflare.common.payload import load_numpy_state, nbytes, state_to_numpy, weight_diff
+from medflare.common.payload import load_numpy_state, nbytes, payload_bytes, state_to_numpy, weight_diff
+from medflare.common.quantize import ErrorFeedback, decode, encode
 from medflare.common.training import make_loader
 from medflare.data import load_site
 from medflare.data.util import stable_seed
@@ -111,36 +112,11 @@ def _batches(data, batch: int, seed: int, site: str):
     return cycle(lambda epoch: make_loader(data.train, batch, True, seed=stable_seed("fedst-probe", seed, site, epoch)))
 
 
-QUANT_BLOCK = 64
-
-
-def quantized(diff: dict, bits: int) -> tuple[dict, int]:
-    """``diff`` as it arrives after blockwise absmax ``bits``-bit rounding (64 values per float16 scale), and its bytes.
-
-    Simulates the wire of ``--quantize-bits``: every float entry is cut into blocks of 64 values, each sent as signed
-    ``bits``-bit integers times one float16 scale (the block's largest magnitude over ``2**(bits-1) - 1``)."""
-    levels = 2 ** (bits - 1) - 1
-    out, size = {}, 0
-    for name, value in diff.items():
-        a = np.asarray(value, dtype=np.float32)
-        flat = a.reshape(-1)
-        pad = (-flat.size) % QUANT_BLOCK
-        blocks = np.concatenate([flat, np.zeros(pad, np.float32)]).reshape(-1, QUANT_BLOCK)
-        scale = (np.abs(blocks).max(axis=1, keepdims=True) / levels).astype(np.float16).astype(np.float32)
-        q = np.round(blocks / np.where(scale > 0, scale, 1.0)).clip(-levels, levels)  # a block of scale 0 is all zeros
-        out[name] = (q * scale).reshape(-1)[: flat.size].reshape(a.shape)
-        size += (flat.size * bits + 7) // 8 + 2 * blocks.shape[0]
-    return out, size
-
-
-def sent_with_feedback(change: dict, residual: dict, bits: int) -> tuple[dict, int, dict]:
-    """A site's upload under ``--quantize-bits``: ``change`` plus what the last upload's rounding lost, quantized.
-
-    Returns what the server receives, its bytes and the new residual, so that over many exchanges the sum received
-    stays within one rounding of the sum of the changes (error feedback) instead of drifting by every rounding."""
-    want = {name: v + residual.get(name, 0.0) for name, v in change.items()}
-    got, size = quantized(want, bits)
-    return got, size, {name: want[name] - got[name] for name in want}
+def _quantized(diff: dict, bits: int, feedback: ErrorFeedback | None = None) -> tuple[dict, int]:
+    """``diff`` as it arrives over ``--quantize-bits``' wire (:mod:`medflare.common.quantize`, the job's codec; with
+    ``feedback`` a site's sender, which adds what its last send lost) and its bytes."""
+    sent = feedback.send(diff) if feedback else encode(diff, bits)
+    return decode(sent, bits), payload_bytes(sent)
 
 
 def train(args, cfg, datas, sites, num_classes, in_channels) -> tuple[torch.nn.Module, list[float]]:
@@ -167,14 +143,14 @@ def train(args, cfg, datas, sites, num_classes, in_channels) -> tuple[torch.nn.M
     anchor: dict = {}
     reference: dict = {}
     args.bytes_per_site = 0
-    residual = {s: {} for s in sites}  # --quantize-bits: what a site's last upload's rounding lost
+    feedback = {s: ErrorFeedback(args.quantize_bits) for s in sites} if args.quantize_bits else {}
     for rnd in range(rounds):
         for ex, (steps, down, up) in enumerate(plan):
             if args.quantize_bits:
                 if down != ALL or up != ALL:
                     raise SystemExit("--quantize-bits needs --sync-layers all")
                 held = base[sites[0]]  # every site holds the same copy: the sum of what the server sent
-                sent_diff, sent_bytes = quantized(weight_diff(state_to_numpy(glob), held), args.quantize_bits)
+                sent_diff, sent_bytes = _quantized(weight_diff(state_to_numpy(glob), held), args.quantize_bits)
                 sent = {name: held[name] + sent_diff[name] for name in sent_diff}
             else:
                 sent = in_exchange_dtype(select_entries(state_to_numpy(glob), down), args.exchange_dtype)
@@ -192,7 +168,7 @@ def train(args, cfg, datas, sites, num_classes, in_channels) -> tuple[torch.nn.M
                                           keep_other_domains=args.keep_other_domains, reference=reference[s])
                 change = weight_diff(select_entries(state_to_numpy(local[s]), up), base[s])
                 if args.quantize_bits:
-                    got, up_bytes, residual[s] = sent_with_feedback(change, residual[s], args.quantize_bits)
+                    got, up_bytes = _quantized(change, args.quantize_bits, feedback[s])
                     diffs.append(got)
                 else:
                     diffs.append(in_exchange_dtype(change, args.exchange_dtype))

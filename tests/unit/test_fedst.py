@@ -9,11 +9,12 @@ from monai.losses import DiceLoss, FocalLoss
 from monai.networks.schedulers import DDPMScheduler, RFlowScheduler
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.signal import Signal
-from nvflare.app_common.abstract.fl_model import FLModel
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from medflare import ConfigError, DataError, PayloadError, ResultFileError
 from medflare.common.payload import flatten, payload_bytes, state_to_numpy
+from medflare.common.quantize import encode
 from medflare.common.results import describe, load_result
 from medflare.common.training import make_loader, make_loss, make_optimizer, train_epochs
 from medflare.data import load_site
@@ -24,7 +25,7 @@ from medflare.fedst.cache import JOIN_KEY
 from medflare.fedst.conditioning import check_domain_vectors, domain_vectors, encode_labels, mixture_vectors, participation_mean
 from medflare.fedst.controller import FedSTJoinController, FedSTSeparateController
 from medflare.fedst.config import DiffusionConfig
-from medflare.fedst.executor import StyleSamplingExecutor
+from medflare.fedst.executor import GeneratorTrainingExecutor, StyleSamplingExecutor
 from medflare.fedst.diffusion import (build_style_generator, cycle, domain_guided, exchange_plan, exchange_steps, frozen_copy, generator_args,
                                       generator_optimizer, in_exchange_dtype, is_domain_entry, other_domain_term, proximal_anchor, proximal_term,
                                       sample_images, sampling_scheduler, select_entries, simple_and_other_domain_losses,
@@ -688,3 +689,39 @@ def test_domain_init_std_sets_the_spread_of_the_domain_modulation_at_start():
     assert not torch.allclose(wide(x, t, domain=domain_vectors(0, 3, 2)), wide(x, t, domain=domain_vectors(2, 3, 2)))
     with pytest.raises(ConfigError, match="'diffusion.generator.domain_init_std'"):
         DiffusionConfig.from_dict({"generator": {"domain_init_std": -1}})
+
+
+def test_a_quantized_exchange_keeps_the_servers_copy_equal_to_what_the_site_holds(tmp_path, monkeypatch):
+    """``exchange_dtype`` "int4": a site's first download is the whole generator in float16, every later one a 4-bit
+    diff from what it holds; the server's copy of each site's generator and the site's own agree bit for bit (so a
+    rounding left out of one diff is in the next), a site that missed an exchange gets the whole generator again, and
+    a diff to a site that holds nothing is refused. The prediction counts those bytes."""
+    monkeypatch.chdir(tmp_path)
+    ex = GeneratorTrainingExecutor(preset="fedst_tiny", device="cpu", overrides={"diffusion": {"exchange_dtype": "int4"}})
+    ex.site, ex.data = "site-1", load_site("site-1", ex.cfg["data"])
+    ex.setup(FLContext())
+    with pytest.raises(PayloadError, match="before the whole one"):
+        ex._receive_generator(encode({"w": np.ones(3, np.float32)}, 4), diff=True)
+    ex._build(2)
+    ctrl = _join_controller({"diffusion": {"exchange_dtype": "int4"}})
+    ctrl.parts[P.GEN] = state_to_numpy(_perturbed(ex.generator))
+    ctrl.copies = {}
+    params, kind, copy = ctrl._download("site-1", "all")
+    assert kind == ParamsType.FULL and all(v.dtype == np.float16 for v in params.values())
+    ex.base = ex._receive_generator(params)
+    rng = np.random.default_rng(0)
+    for step in range(3):  # the global generator moves; each download is a diff from the copy
+        ctrl.copies["site-1"] = copy
+        ctrl.parts[P.GEN] = {k: v + 1e-3 * rng.normal(size=v.shape).astype(np.float32) for k, v in ctrl.parts[P.GEN].items()}
+        params, kind, copy = ctrl._download("site-1", "all")
+        assert kind == ParamsType.DIFF and 7 * payload_bytes(params) < 2 * payload_bytes(ctrl._on_the_wire(ctrl.parts[P.GEN]))
+        ex.base = ex._receive_generator(params, diff=True)
+        held = state_to_numpy(ex.generator)
+        assert all(np.array_equal(copy[k], ex.base[k]) and np.array_equal(held[k], copy[k]) for k in copy)
+        assert max(np.abs(copy[k] - ctrl.parts[P.GEN][k]).max() for k in copy) < 2e-3  # within one rounding, not drifting
+    assert ctrl._download("site-2", "all")[1] == ParamsType.FULL  # no copy of site-2: the whole generator
+    c, m = len(ctrl.site_names), ctrl.exchanges_in_job
+    q, full = ctrl.generator_size(), ctrl.full_generator_size()
+    assert q == payload_bytes(params) and full == payload_bytes(ctrl._on_the_wire(ctrl.parts[P.GEN]))
+    assert ctrl.predicted_generator_bytes() == c * (full + (2 * m - 1) * q)
+    assert comm.join_generator_bytes(2, 5, 100, full_bytes=400) == 2 * (400 + 9 * 100)

@@ -102,6 +102,11 @@ class JobRecipe(Recipe):
             site work splits into several executors, e.g. FedST's generator training, sampling and segmentation). Default none.
         update_guard: the server's result filter on every task the sites serve. Default ``UpdateGuard()`` (its knobs
             ``max_norm_ratio`` and ``enabled`` are in the exported ``config_fed_server.json``).
+        wire_filters: ``[(site filter, server filter, tasks), ...]`` a codec of the job's own on those tasks' results
+            (e.g. :class:`~medflare.common.diff_quantizer.DiffQuantizer` / ``DiffDequantizer``): the site's runs after
+            its privacy scope and before the manifest check, on ``tasks``; the server's after the sites' parts are
+            unpacked and before the update guard, on every task (FLARE's chains may not overlap; it must pass through
+            what it did not encode). Default none.
     """
 
     def __init__(
@@ -122,6 +127,7 @@ class JobRecipe(Recipe):
         min_clients: int = 2,
         more_executors: Sequence[tuple[Any, Sequence[str]]] | None = None,
         update_guard: UpdateGuard | None = None,
+        wire_filters: Sequence[tuple[Any, Any, Sequence[str]]] = (),
     ):
         job = FedJob(name=name, min_clients=min_clients, meta_props={"scope": scope})
         job.set_app_packages(["medflare"])  # installed at every site with pip: never copied into the job
@@ -150,9 +156,13 @@ class JobRecipe(Recipe):
             raise ValueError(f"job '{name}': tasks {undeclared} have no entry in the manifest of what the sites send")
         self.manifest = dict(manifest)
         self.result_file = result_file
+        for site_filter, _, wire_tasks in wire_filters:
+            self.add_client_output_filter(site_filter, tasks=list(wire_tasks))
         for task in all_tasks:  # one entry per task: FLARE exports a multi-task entry's task list in set order
             self.add_client_output_filter(ManifestFilter(manifest, preset=preset, overrides=overrides), tasks=[task])
         self.add_server_input_filter(Intake(), tasks=all_tasks)  # the sites' parts as the workflows read them
+        for _, server_filter, _ in wire_filters:  # FLARE's filter chains may not overlap: on every task, decoding what is encoded
+            self.add_server_input_filter(server_filter, tasks=all_tasks)
         self.add_server_input_filter(update_guard or UpdateGuard(), tasks=all_tasks)
         self.add_server_config(dict(SERVER_SETTINGS))
         self.add_client_config(dict(CLIENT_SETTINGS))

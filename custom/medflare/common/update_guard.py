@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from medflare import ConfigError
+from medflare.common.quantize import decoded_structure, is_encoded
 
 #: DXO data kinds whose norm is screened (FLARE's DataKind values)
 WEIGHT_KINDS = frozenset({"WEIGHTS", "WEIGHT_DIFF"})
@@ -134,7 +135,10 @@ def weight_structure(parts: Mapping[str, Part]) -> dict[str, tuple[tuple[int, ..
     out = {}
     for part in parts.values():
         if part.kind in WEIGHT_KINDS and isinstance(part.data, Mapping):
-            out.update({str(k): (tuple(np.shape(v)), _dtype(v)) for k, v in part.data.items()})
+            if is_encoded(part.data):  # a quantized diff: the entries it decodes to (medflare.common.quantize)
+                out.update({str(k): v for k, v in decoded_structure(part.data).items()})
+            else:
+                out.update({str(k): (tuple(np.shape(v)), _dtype(v)) for k, v in part.data.items()})
     return out
 
 

@@ -45,16 +45,22 @@ def separate_generator_bytes(sites: int, generator_bytes: int, shares: int = 1) 
 
 
 def join_generator_bytes(sites: int, rounds: int, generator_bytes: int, partial: int = 0, domain_bytes: int = 0,
-                         downloads: int = 0) -> int:
+                         downloads: int = 0, full_bytes: int | None = None) -> int:
     """Generator bytes of FedST-join as implemented: per site one download and one diff upload of the whole generator
     in each of ``rounds`` exchanges, of the domain modulation alone (``domain_bytes``) in each of ``partial``
     exchanges (``diffusion.sync_layers`` "domain": ``rounds`` = generator rounds, ``partial`` = (E - 1) per round),
     and ``downloads`` downloads of the whole generator alone (``diffusion.segmentation_steps`` 0: the finished one,
-    once): 2 c (m G + p D) + c d G."""
+    once): 2 c (m G + p D) + c d G.
+
+    ``full_bytes`` (F): the whole generator sent whole where an exchange's transfer is a quantized diff of G bytes
+    (``diffusion.exchange_dtype`` "int8" / "int4"): a site's first download is F instead of G, and so is every
+    download of the finished generator: 2 c (m G + p D) + c (F - G) + c d F. Default G."""
+    full = generator_bytes if full_bytes is None else full_bytes
     _check(sites, rounds, generator_bytes)
     _check(sites, partial, domain_bytes)
-    _check(sites, downloads, generator_bytes)
-    return 2 * sites * (rounds * generator_bytes + partial * domain_bytes) + sites * downloads * generator_bytes
+    _check(sites, downloads, full)
+    first = sites * (full - generator_bytes) if rounds + partial > 0 else 0
+    return 2 * sites * (rounds * generator_bytes + partial * domain_bytes) + first + sites * downloads * full
 
 
 def paper_join_bytes(sites: int, rounds: int, generator_bytes: int) -> int:

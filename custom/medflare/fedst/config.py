@@ -19,8 +19,9 @@ GENERATOR_WEIGHTS = ("equal", "cases")
 #: ``diffusion.sync_layers``: what FedST-join averages every ``sync_steps`` local steps ("all": the whole generator;
 #: "domain": only the domain modulation, the whole generator once per round)
 SYNC_LAYERS = ("all", "domain")
-#: ``diffusion.exchange_dtype``: the float type FedST-join's generator travels in, both ways
-EXCHANGE_DTYPES = ("float32", "float16")
+#: ``diffusion.exchange_dtype``: the type FedST-join's generator travels in, both ways (the int ones: blockwise
+#: quantized diffs with error feedback, :mod:`medflare.common.quantize`)
+EXCHANGE_DTYPES = ("float32", "float16", "int8", "int4")
 #: ``fedst.refresh_every`` when a preset leaves it null: FedST-separate uploads once (the paper), FedST-join redraws
 #: its synthetic images every 2 rounds
 REFRESH_EVERY = {"separate": 0, "join": 2}
@@ -115,7 +116,13 @@ class DiffusionConfig(Section):
             "float16" the server sends the global generator rounded to float16 and a site sends its diff (taken
             against what it received) in float16; the server keeps and averages the generator in float32 and a site
             trains it in float32. Halves the generator's bytes, so the same byte budget buys twice the exchanges
-            (``sync_steps``). Default "float32".
+            (``sync_steps``). "int8" / "int4": every exchange after a site's first sends diffs both ways, blockwise
+            quantized (64 values per float16 scale, :mod:`medflare.common.quantize`) with error feedback: the server
+            sends the global generator minus what the site holds (it keeps each site's copy) and the whole generator in
+            float16 to a site it holds no copy of (the first exchange, or after a site missed one); a site's diff is
+            quantized by a job filter after its privacy scope's filters (:class:`~medflare.common.diff_quantizer.DiffQuantizer`,
+            which keeps what the rounding lost for the next send). About 1/7 (int4) of float32's bytes per exchange.
+            Default "float32".
         domain_guidance: FedST-join: weight w of domain guidance when a site draws another site's style: the
             denoiser's output ``f(x, d) + w (f(x, d) - f(x, d_mix))``, pushed away from the sites' mixture style
             (the uniform domain vector; :func:`medflare.fedst.diffusion.domain_guided`). Classifier-free guidance with

@@ -30,13 +30,15 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from medflare import ConfigError, PayloadError
 from medflare.common.aggregation import apply_diff, weighted_mean
 from medflare.common.component import keep_args
+from medflare.common.diff_quantizer import WIRE_BYTES
 from medflare.common.payload import flatten, nbytes, payload_bytes, unflatten
+from medflare.common.quantize import decode, encode, encoded_bytes
 from medflare.common.workflow import SiteRounds
 from medflare.fedst import comm
 from medflare.fedst import protocol as P
 from medflare.fedst.conditioning import participation_mean
 from medflare.fedst.config import DiffusionConfig, FedSTConfig
-from medflare.fedst.diffusion import ALL, DOMAIN, exchange_plan, in_exchange_dtype, select_entries
+from medflare.fedst.diffusion import ALL, DOMAIN, exchange_plan, float_exchange_dtype, in_exchange_dtype, quantized_bits, select_entries
 from medflare.fedst.persistor import META_CLASSES, META_METRICS, META_ROUND, META_SITES, META_SIZE, META_VERSIONS
 from medflare.presets import get_preset
 
@@ -126,7 +128,8 @@ class FedSTController(SiteRounds):
         """``exchange`` + the byte ledger (what each site received and sent, of which ``part``)."""
         results = self.exchange(task, payloads, rnd)
         for site, res in results.items():
-            self.ledger.record(rnd, task, site, part, payload_bytes(payloads[site].params), payload_bytes(res.params))
+            arrived = (res.meta or {}).get(WIRE_BYTES) or payload_bytes(res.params)  # a quantized diff: its bytes on the wire
+            self.ledger.record(rnd, task, site, part, payload_bytes(payloads[site].params), int(arrived))
         return results
 
     def _note_site(self, site: str, res: FLModel) -> None:
@@ -355,6 +358,7 @@ class FedSTJoinController(FedSTController):
 
     def run(self) -> None:
         self._start()
+        self.copies: dict[str, dict[str, np.ndarray] | None] = {}  # quantized exchanges: the generator each site holds
         warmup = self.diffusion.warmup_rounds
         self.info(f"FedST-join: sites {self.site_names}, {warmup} generator rounds + {self.num_rounds} rounds, lambda {self.lam}, "
                   f"refresh every {self.refresh_every or 'never'}")
@@ -378,12 +382,15 @@ class FedSTJoinController(FedSTController):
         if not plan:
             return True
         for exchange, (steps, down, up) in enumerate(plan):
-            sent = flatten({P.GEN: self._on_the_wire(select_entries(self.parts[P.GEN], down))})
-            payloads = {s: FLModel(params_type=ParamsType.FULL, params=sent, current_round=rnd,
-                                   meta=self._meta(**{P.STEPS: steps, P.EXCHANGE: exchange, P.EXCHANGES: len(plan),
-                                                      P.UPLOAD: up}))
-                        for s in self.site_names}
+            payloads, pending = {}, {}
+            for s in self.site_names:
+                params, params_type, pending[s] = self._download(s, down)
+                payloads[s] = FLModel(params_type=params_type, params=flatten({P.GEN: params}), current_round=rnd,
+                                      meta=self._meta(**{P.STEPS: steps, P.EXCHANGE: exchange, P.EXCHANGES: len(plan),
+                                                         P.UPLOAD: up}))
             results = self._send(self.generator_task, payloads, rnd, "generator")
+            for s in self.site_names:  # a site that answered holds what was sent; one that did not gets it whole next time
+                self.copies[s] = pending[s] if s in results else None
             if not results:
                 return False
             for site, res in results.items():
@@ -391,9 +398,27 @@ class FedSTJoinController(FedSTController):
             self.parts[P.GEN] = self._combine_generator(results, up)
         losses = {s: generator_summary(r).get("loss_mean") for s, r in results.items()}
         self.info(f"round {rnd}: join generator averaged over {sorted(results)} {len(plan)} time(s) "
-                  f"({self.diffusion.sync_layers} layers); "
+                  f"({self.diffusion.sync_layers} layers, {self.diffusion.exchange_dtype}); "
                   f"mean L_simple per site in the last exchange {losses}")
         return True
+
+    def _download(self, site: str, part: str) -> tuple[dict[str, np.ndarray], ParamsType, dict[str, np.ndarray] | None]:
+        """What goes down to ``site`` of the generator's ``part``, as (params, FULL | DIFF, the site's copy once it has it).
+
+        With a quantized ``diffusion.exchange_dtype``: the global generator minus the site's copy, quantized (the copy
+        then holds the last rounding, so the next diff sends it again: error feedback without a residual), or, to a
+        site the server holds no copy of, the whole generator in float16. With a float one: ``part`` as it travels
+        (no copy is kept)."""
+        bits, glob, copy = quantized_bits(self.diffusion.exchange_dtype), self.parts[P.GEN], self.copies.get(site)
+        if bits is None:
+            return self._on_the_wire(select_entries(glob, part)), ParamsType.FULL, None
+        if copy is None:
+            sent = self._on_the_wire(glob)
+            return sent, ParamsType.FULL, {k: np.asarray(v, np.float32) for k, v in sent.items()}
+        wanted = select_entries(glob, part)
+        sent = encode({k: np.asarray(v, np.float32) - copy[k] for k, v in wanted.items()}, bits)
+        got = decode(sent, bits)
+        return sent, ParamsType.DIFF, {**copy, **{k: copy[k] + got[k] for k in got}}
 
     def _sample_payload(self, site: str, rnd: int) -> dict[str, np.ndarray]:
         """What the ``sample`` task carries to ``site``: nothing in a round that trains the generator (the site samples
@@ -420,10 +445,20 @@ class FedSTJoinController(FedSTController):
         return {**self.parts[P.GEN], **apply_diff(want, participation_mean(diffs, weights))}
 
     def _on_the_wire(self, state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """What of the generator travels: ``state`` in ``diffusion.exchange_dtype`` (the server keeps float32)."""
-        return in_exchange_dtype(state, self.diffusion.exchange_dtype)
+        """The whole generator (or ``state``'s part of it) as it travels when sent whole: in ``diffusion.exchange_dtype``,
+        float16 where that is a quantized type (the server keeps float32)."""
+        return in_exchange_dtype(state, float_exchange_dtype(self.diffusion.exchange_dtype))
+
+    def _exchange_bytes(self, part: str) -> int:
+        """Bytes of one transfer of ``part`` in an exchange: sent whole, or as a quantized diff."""
+        state, bits = select_entries(self.parts[P.GEN], part), quantized_bits(self.diffusion.exchange_dtype)
+        return encoded_bytes(state, bits) if bits else nbytes(self._on_the_wire(state))
 
     def generator_size(self) -> int:
+        return self._exchange_bytes(ALL)
+
+    def full_generator_size(self) -> int:
+        """Bytes of the whole generator sent whole (a site's first download, the finished one for sampling)."""
         return nbytes(self._on_the_wire(self.parts[P.GEN]))
 
     @property
@@ -439,7 +474,7 @@ class FedSTJoinController(FedSTController):
         return self.exchanges_in_job - self.rounds_in_job if self.diffusion.sync_layers == DOMAIN else 0
 
     def domain_size(self) -> int:
-        return nbytes(self._on_the_wire(select_entries(self.parts[P.GEN], DOMAIN)))
+        return self._exchange_bytes(DOMAIN)
 
     @property
     def final_downloads_in_job(self) -> int:
@@ -449,7 +484,7 @@ class FedSTJoinController(FedSTController):
     def predicted_generator_bytes(self) -> int:
         partial = self.partial_exchanges_in_job
         return comm.join_generator_bytes(len(self.site_names), self.exchanges_in_job - partial, self.generator_size(), partial,
-                                         self.domain_size(), self.final_downloads_in_job)
+                                         self.domain_size(), self.final_downloads_in_job, self.full_generator_size())
 
     def cost_terms(self) -> dict[str, Any]:
         c, m, g = len(self.site_names), self.exchanges_in_job, self.generator_size()

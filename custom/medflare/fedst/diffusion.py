@@ -82,6 +82,18 @@ def select_entries(state: Mapping[str, Any], part: str) -> dict[str, Any]:
     return dict(state) if part == ALL else {k: v for k, v in state.items() if is_domain_entry(k)}
 
 
+def quantized_bits(dtype: str) -> int | None:
+    """The bits of a quantized ``diffusion.exchange_dtype`` ("int8" -> 8, "int4" -> 4); None for a float type."""
+    return {"int8": 8, "int4": 4}.get(dtype)
+
+
+def float_exchange_dtype(dtype: str) -> str:
+    """The float type a generator exchange holds before any quantization: ``dtype`` itself for a float type, float16
+    for a quantized one (the whole generator travels in it; a site's diff is rounded to it, then quantized by the job's
+    filter after the site's privacy scope; the server decodes diffs to it)."""
+    return "float16" if quantized_bits(dtype) else dtype
+
+
 def in_exchange_dtype(state: Mapping[str, Any], dtype: str) -> dict[str, Any]:
     """The float entries of a generator state (or diff) cast to ``diffusion.exchange_dtype`` for the wire; integer
     entries as they are. The receiver casts back: ``load_numpy_state`` to the model's dtype, the server's

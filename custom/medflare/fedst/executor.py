@@ -29,21 +29,22 @@ from nvflare.apis.fl_constant import FLContextKey, FLMetaKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable
 from nvflare.apis.signal import Signal
-from nvflare.app_common.abstract.fl_model import FLModel
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from medflare import ConfigError, DataError, PayloadError
 from medflare.common.component import keep_args
 from medflare.common.egress import site_reply
 from medflare.common.payload import check_finite, flatten, load_numpy_state, payload_bytes, state_to_numpy, unflatten, weight_diff
+from medflare.common.quantize import decode, encoded_bytes
 from medflare.common.site_executor import SiteExecutor, format_metrics
 from medflare.common.training import local_work, make_loader, make_loss, make_optimizer, train_epochs
 from medflare.data.util import stable_seed
 from medflare.fedst import protocol as P
 from medflare.fedst.cache import JOIN_KEY, SiteStyleCache
 from medflare.fedst.config import DiffusionConfig
-from medflare.fedst.diffusion import (ALL, build_style_generator, cycle, frozen_copy, generator_args, generator_optimizer,
-                                      in_exchange_dtype, is_domain_entry, proximal_anchor, sample_images, sampling_scheduler, select_entries,
+from medflare.fedst.diffusion import (ALL, build_style_generator, cycle, float_exchange_dtype, frozen_copy, generator_args, generator_optimizer,
+                                      in_exchange_dtype, is_domain_entry, proximal_anchor, quantized_bits, sample_images, sampling_scheduler, select_entries,
                                       train_generator, training_scheduler)
 from medflare.fedst.losses import CrossDomainTerm
 from medflare.fedst.visual import synthetic_panel
@@ -87,10 +88,12 @@ class FedSTSiteExecutor(SiteExecutor):
     def generator_args(self, num_domains: int) -> dict:
         return generator_args(self.diffusion, self.data.in_channels, self.data.num_classes, num_domains)
 
-    def log_bytes(self, fl_ctx: FLContext, task: str, incoming: FLModel, outgoing, rnd: int) -> None:
-        """Bytes this site received and sent in ``task`` this round, to TensorBoard (``comm/<task>_*_bytes``)."""
+    def log_bytes(self, fl_ctx: FLContext, task: str, incoming: FLModel, outgoing, rnd: int, sent_bytes: int | None = None) -> None:
+        """Bytes this site received and sent in ``task`` this round, to TensorBoard (``comm/<task>_*_bytes``);
+        ``sent_bytes``: what ``outgoing`` will be on the wire where a job filter compresses it."""
+        sent = payload_bytes(outgoing or {}) if sent_bytes is None else sent_bytes
         self.tracker.scalars(fl_ctx, {f"comm/{task}_received_bytes": payload_bytes(incoming.params or {}),
-                                      f"comm/{task}_sent_bytes": payload_bytes(outgoing or {})}, rnd)
+                                      f"comm/{task}_sent_bytes": sent}, rnd)
 
 
 def _receive(shareable: Shareable, site: str) -> tuple[FLModel, dict, list[str], int]:
@@ -132,10 +135,25 @@ class GeneratorTrainingExecutor(FedSTSiteExecutor):
         self.optimizer = generator_optimizer(self.generator, self.diffusion)  # this site's own
         self.scheduler = training_scheduler(self.diffusion)
 
-    def _receive_generator(self, received: dict) -> dict:
+    def _receive_generator(self, received: dict, diff: bool = False) -> dict:
         """Load the join generator's entries the server sent: all of them (the whole generator; it becomes the anchor of
         ``diffusion.prox_mu``'s term) or only the domain modulation's (``diffusion.sync_layers`` "domain": the site keeps
-        its own shared layers). Returns what this site last received of every entry, the base of its next diff."""
+        its own shared layers). ``diff``: the server sent them as a quantized diff from what this site last received
+        (``diffusion.exchange_dtype`` "int8" / "int4"). Returns what this site last received of every entry, the base
+        of its next diff."""
+        if diff:
+            bits = quantized_bits(self.diffusion.exchange_dtype)
+            if bits is None:
+                raise PayloadError(f"site '{self.site}': the server sent a diff of the join generator, but this site's "
+                                   f"diffusion.exchange_dtype {self.diffusion.exchange_dtype!r} sends whole generators")
+            if self.base is None:
+                raise PayloadError(f"site '{self.site}': the server sent a diff of the join generator before the whole one "
+                                   f"(this site holds none to add it to); it sends the whole one next time")
+            change = decode(received, bits)
+            unknown = sorted(set(change) - set(self.base))
+            if unknown:
+                raise PayloadError(f"site '{self.site}': the server's generator diff has entries this site does not hold: {unknown[:5]}")
+            received = {k: np.asarray(self.base[k], np.float32) + v for k, v in change.items()}
         own = state_to_numpy(self.generator)
         if set(received) != set(own):
             extra = sorted(k for k in received if k not in own or not is_domain_entry(k))
@@ -159,7 +177,7 @@ class GeneratorTrainingExecutor(FedSTSiteExecutor):
             received = unflatten(incoming.params or {}).get(P.GEN)
             if received is None:
                 raise PayloadError(f"site '{self.site}': the join task carries no generator ('{P.GEN}.' weights)")
-            self.base = self._receive_generator(received)
+            self.base = self._receive_generator(received, diff=incoming.params_type == ParamsType.DIFF)
             if exchange == int(meta.get(P.EXCHANGES, 1)) - 1:  # only the round's last one: each would overwrite the last
                 self.cache.put_generator(JOIN_KEY, self.base, rnd)  # the sampler draws with the latest global generator of this round
             sent = self.base
@@ -185,10 +203,11 @@ class GeneratorTrainingExecutor(FedSTSiteExecutor):
         self.log_info(fl_ctx, f"round {rnd}: generator trained {len(losses)} steps in {seconds:.1f} s, L_simple "
                               f"{summary.get('first', float('nan')):.4f} -> {summary.get('last', float('nan')):.4f}")
         params = state_to_numpy(self.generator)
-        out = flatten({P.GEN: in_exchange_dtype(weight_diff(select_entries(params, upload), sent), self.diffusion.exchange_dtype)
-                              if join else params})
+        dtype = float_exchange_dtype(self.diffusion.exchange_dtype)  # int8 / int4: quantized after the privacy scope
+        out = flatten({P.GEN: in_exchange_dtype(weight_diff(select_entries(params, upload), sent), dtype) if join else params})
         check_finite(out, self.site)
-        self.log_bytes(fl_ctx, "train_generator", incoming, out, rnd)
+        bits = quantized_bits(self.diffusion.exchange_dtype) if join else None
+        self.log_bytes(fl_ctx, "train_generator", incoming, out, rnd, sent_bytes=encoded_bytes(out, bits) if bits else None)
         n = {FLMetaKey.NUM_STEPS_CURRENT_ROUND: len(self.data.train)}
         about = {"classes": np.asarray(self.classes, dtype=np.int64), "image_size": np.asarray(self.image_size, dtype=np.int64),
                  **{f"loss_{k}": float(v) for k, v in summary.items()}}

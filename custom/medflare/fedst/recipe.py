@@ -18,6 +18,7 @@ from medflare.fedst import protocol as P
 from medflare.fedst.config import FedSTConfig
 from medflare.fedst.controller import FedSTJoinController, FedSTSeparateController
 from medflare.fedst.executor import GeneratorTrainingExecutor, SegmentationExecutor, StyleSamplingExecutor
+from medflare.fedst.filters import GeneratorDiffDequantizer, GeneratorDiffQuantizer
 from medflare.fedst.persistor import FedSTPersistor
 from medflare.presets import get_preset
 
@@ -43,6 +44,7 @@ class _FedSTRecipe(JobRecipe):
         **controller_args: Any,
     ):
         rounds = num_rounds if num_rounds is not None else FedSTConfig.from_preset(get_preset(preset, overrides)).rounds
+        join = self.variant == "join"
         site_args = dict(preset=preset, overrides=overrides, device=device, seed=seed)
         persistor = FedSTPersistor(variant=self.variant, preset=preset, overrides=overrides, seed=seed, init_file=init_file)
         super().__init__(
@@ -59,6 +61,8 @@ class _FedSTRecipe(JobRecipe):
             server_components={"persistor": persistor},
             min_clients=min_clients,
             more_executors=[(GeneratorTrainingExecutor(**site_args), [P.TRAIN_GENERATOR]), (StyleSamplingExecutor(**site_args), [P.SAMPLE])],
+            wire_filters=[(GeneratorDiffQuantizer(preset, overrides), GeneratorDiffDequantizer(preset, overrides), [P.TRAIN_GENERATOR])]
+            if join else (),  # diffusion.exchange_dtype "int8" / "int4"; pass-through otherwise
         )
 
 

@@ -72,10 +72,17 @@ def _join(repo, tmp):
     return _run(repo, tmp, "join", rounds=ROUNDS, task_result_filters=[{"tasks": ["train_generator", "train"], "filters": [flt]}])
 
 
+def _join_int4(repo, tmp):
+    """FedST-join with the generator's diffs quantized to 4 bits both ways (``diffusion.exchange_dtype`` "int4"), the
+    job's own filter chains (the sites' quantizer and manifest check, the server's decoder and update guard)."""
+    return _run(repo, tmp, "join", rounds=ROUNDS, overrides={"diffusion": {"exchange_dtype": "int4"}})
+
+
 #: every run of the module, started in the background (tests/e2e/__init__.py)
-RUNS = {"separate_run": _separate, "real_only_run": _real_only, "join_run": _join}
+RUNS = {"separate_run": _separate, "real_only_run": _real_only, "join_run": _join, "join_int4_run": _join_int4}
 separate_run, real_only_run, join_run = simulation("separate_run"), simulation("real_only_run"), simulation("join_run")
-START_FIRST = ("join_run",)  # the longest of the three (its generator's steps keep the other domains' predictions)
+join_int4_run = simulation("join_int4_run")
+START_FIRST = ("join_run", "join_int4_run")  # the longest (their generator steps keep the other domains' predictions)
 
 
 @functools.lru_cache(maxsize=None)
@@ -220,3 +227,18 @@ def test_fedst_join_bytes_stay_within_five_times_fedst_separates(join_run):
     others = summary["measured_total_bytes"] - generator  # segmentation + final validation: the same in both variants
     separate = summary["separate_bytes_same_sites"] + others
     assert summary["measured_total_bytes"] < 5 * separate, (summary["measured_total_bytes"] / separate, summary)
+
+
+def test_fedst_join_with_4_bit_diffs_follows_style_at_under_a_third_of_the_bytes(join_int4_run, join_run, tmp_path):
+    """``exchange_dtype`` "int4": the same job as ``join_run`` (float16) learns as it does (L_simple falls, Dice rises,
+    each site draws the other's contrast), each generator transfer after a site's first is under 2/7 of a float16 one,
+    and the server's ledger equals the prediction (the first download whole, every later transfer a 4-bit diff)."""
+    run = join_int4_run
+    _check_common(run, "join", tmp_path)
+    _check_drawn_style(run)
+    quantized = json.loads((run.app_server / "communication.json").read_text())["summary"]
+    plain = json.loads((join_run.app_server / "communication.json").read_text())["summary"]
+    assert quantized["exchange_dtype"] == "int4" and quantized["generator_exchanges"] == plain["generator_exchanges"]
+    assert 7 * quantized["generator_bytes_each"] < 2 * plain["generator_bytes_each"], (quantized, plain)
+    assert quantized["measured_generator_bytes"] < 0.4 * plain["measured_generator_bytes"], (quantized, plain)
+    assert "refused" not in run.log

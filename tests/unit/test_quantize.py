@@ -53,6 +53,9 @@ def test_error_feedback_keeps_the_received_sum_within_one_rounding():
         plain += decode(encode(change, 4), 4)["w"]
     assert not plain[1:].any()  # rounding alone loses the small values every time
     assert np.abs(received - 50 * change["w"]).max() <= 1.0 / 7
+    before = sender.residual["w"].copy()
+    sender.send({"d": np.ones(3, np.float32)})  # a send of other entries (sync_layers "domain") keeps w's residual
+    assert np.array_equal(sender.residual["w"], before) and before[1:].any()
 
 
 class _Halve(DiffDequantizer.__mro__[1]):  # a DXOFilter standing for a site's privacy filter on weight diffs

@@ -137,5 +137,5 @@ class ErrorFeedback:
                 for k, v in change.items()}
         sent = encode(want, self.bits)
         got = decode(sent, self.bits)
-        self.residual = {k: want[k] - got[k] for k in want if _is_float(want[k])}
+        self.residual.update({k: want[k] - got[k] for k in want if _is_float(want[k])})  # entries not sent keep theirs
         return sent

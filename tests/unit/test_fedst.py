@@ -725,3 +725,4 @@ def test_a_quantized_exchange_keeps_the_servers_copy_equal_to_what_the_site_hold
     assert q == payload_bytes(params) and full == payload_bytes(ctrl._on_the_wire(ctrl.parts[P.GEN]))
     assert ctrl.predicted_generator_bytes() == c * (full + (2 * m - 1) * q)
     assert comm.join_generator_bytes(2, 5, 100, full_bytes=400) == 2 * (400 + 9 * 100)
+

@@ -87,6 +87,7 @@ def test_the_site_filter_quantizes_what_the_privacy_scope_passed_and_the_server_
         assert not is_encoded(scope.seen[-1]) and scope.seen[-1]["gen.w"].dtype == np.float32
         wire = payload_bytes(parts["generator"].data)
         got = from_shareable(server.process(Intake().process(reply, FLContext()), FLContext()))
+        assert got.get_filter_history() == ["_Halve", "DiffQuantizer", "DiffDequantizer"]
         assert got.get_meta_prop(WIRE_BYTES) == wire == encoded_bytes(diff, 4) < payload_bytes(diff) / 6
         assert got.data["gen.w"].dtype == np.float16  # as a whole generator sent in float16
         assert decoded_structure(parts["generator"].data) == {"gen.w": ((256,), np.dtype(np.float16))}
@@ -94,3 +95,14 @@ def test_the_site_filter_quantizes_what_the_privacy_scope_passed_and_the_server_
         total_got += got.data["gen.w"]
     step = np.abs(0.5 * diff["gen.w"]).max() / 7 * 2  # one rounding of a block's scale, with margin for float16 scales
     assert np.abs(total_got - total_sent).max() <= step
+
+
+def test_with_bits_0_the_filters_pass_everything_through_and_stay_out_of_the_filter_history():
+    """A float exchange (``exchange_dtype`` float16 / float32): the always-registered filters neither change a payload
+    nor appear in the filter history that the workflow logs as the sites' result filters."""
+    diff = {"gen.w": np.ones(70, np.float32)}
+    reply = site_reply({"generator": DXO(DataKind.WEIGHT_DIFF, data=dict(diff))}, unwrap="generator")
+    reply = DiffQuantizer(0).process(reply, FLContext())
+    got = from_shareable(DiffDequantizer(0).process(Intake().process(reply, FLContext()), FLContext()))
+    assert not is_encoded(got.data) and np.array_equal(got.data["gen.w"], diff["gen.w"])
+    assert not got.get_filter_history() and got.get_meta_prop(WIRE_BYTES) is None

@@ -38,9 +38,9 @@ class DiffQuantizer(DXOFilter):
         self.bits = bits
         self.feedback = ErrorFeedback(bits) if bits else None
 
-    def process_dxo(self, dxo: DXO, shareable: Shareable, fl_ctx: FLContext) -> DXO:
+    def process_dxo(self, dxo: DXO, shareable: Shareable, fl_ctx: FLContext) -> DXO | None:
         if self.feedback is None or is_encoded(dxo.data):
-            return dxo
+            return None  # not filtered: FLARE leaves it out of the DXO's filter history
         size = payload_bytes(dxo.data)
         dxo.data = self.feedback.send(dxo.data)
         self.log_debug(fl_ctx, f"weight diff quantized to {self.feedback.bits} bits: {size} -> {payload_bytes(dxo.data)} B")
@@ -57,8 +57,9 @@ class DiffDequantizer(DXOFilter):
         super().__init__(supported_data_kinds=[DataKind.WEIGHT_DIFF], data_kinds_to_filter=[DataKind.WEIGHT_DIFF])
         self.bits = bits
 
-    def process_dxo(self, dxo: DXO, shareable: Shareable, fl_ctx: FLContext) -> DXO:
-        if self.bits and is_encoded(dxo.data):
-            dxo.set_meta_prop(WIRE_BYTES, payload_bytes(dxo.data))
-            dxo.data = decode(dxo.data, self.bits)
+    def process_dxo(self, dxo: DXO, shareable: Shareable, fl_ctx: FLContext) -> DXO | None:
+        if not (self.bits and is_encoded(dxo.data)):
+            return None  # not filtered: FLARE leaves it out of the DXO's filter history (the sites' filters stay the log's)
+        dxo.set_meta_prop(WIRE_BYTES, payload_bytes(dxo.data))
+        dxo.data = decode(dxo.data, self.bits)
         return dxo

@@ -19,10 +19,12 @@ generator switch style: a site trains under one constant domain vector, so over 
 into the shared layers, which the average takes back to the mean style (measured: with 40-80 local steps per average
 the joint generator draws the mean of two inverted styles for either vector). Two remedies, both measured to separate
 the styles (benchmarks/RESULTS_fedst.md): averaging every ``diffusion.sync_steps`` (e.g. 5) local steps
-(:func:`medflare.fedst.diffusion.exchange_steps`; costly in bytes), or -- the presets' default since issue 32 -- one
-average per round with ``diffusion.keep_other_domains``, a term that keeps the generator's predictions for the other
-domains at the received generator's during local steps (:func:`medflare.fedst.diffusion.other_domain_term`), so the
-site's style can only go into its own column. Both deviate from the paper's plain local training.
+(:func:`medflare.fedst.diffusion.exchange_steps`; costly in bytes unless the diffs travel quantized,
+``diffusion.exchange_dtype`` int4: the ``fedst`` preset's choice, every 8 steps), or -- ``fedst_tiny``'s, which
+follows style at two sites but not at six -- one average per round with ``diffusion.keep_other_domains``, a term that
+keeps the generator's predictions for the other domains at the received generator's during local steps
+(:func:`medflare.fedst.diffusion.other_domain_term`), so the site's style can only go into its own column. Both
+deviate from the paper's plain local training.
 
 An all-zero domain vector names no site: the modulation would then be the mapping's bias alone, a
 "style" no site has. :func:`check_domain_vectors` refuses it (ValueError naming the row), as well as

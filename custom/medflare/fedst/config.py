@@ -90,8 +90,9 @@ class DiffusionConfig(Section):
             layers, which the server averages back to the mean style; with few local steps per exchange the federated
             generator learns both styles and switches with the domain vector as a centrally trained one does
             (measured, benchmarks/RESULTS_fedst.md; the paper's Fig. 9d also finds that longer communication intervals
-            hurt). Costs 2 G per site and exchange. Default 5. The ``fedst`` preset (six report sites) sets 34, three
-            exchanges in its rounds of 100 steps, with ``exchange_dtype`` float16; ``fedst_tiny`` (two sites) sets 0
+            hurt). Costs 2 G per site and exchange. Default 5. The ``fedst`` preset (six report sites) sets 8, 13
+            exchanges in its rounds of 100 steps, with ``exchange_dtype`` int4 (34 with float16 until session 63);
+            ``fedst_tiny`` (two sites) sets 0
             with ``keep_other_domains`` 5, which follows style at two sites but not at six (issue 32,
             benchmarks/RESULTS_fedst.md "Six sites").
         warmup_sync_steps: FedST-join: ``sync_steps`` in the ``warmup_rounds`` (generator-only rounds, where no

@@ -21,7 +21,7 @@ own one-hot domain vector, for ``--steps`` generator steps in all (the same comp
              ``--keep-other-domains W`` keeps the generator's predictions for the other domain at those of the generator
              last received (weight W; :func:`medflare.fedst.diffusion.other_domain_term`); ``--exchange-dtype float16``
              sends the generator and the diffs in float16 (``diffusion.exchange_dtype``); ``--quantize-bits B``
-             (B = 8 or 4; not in the package yet) sends both ways only B-bit diffs instead, blockwise absmax-scaled
+             (B = 8 or 4; the job's ``diffusion.exchange_dtype`` int8 / int4 and its codec) sends both ways only B-bit diffs instead, blockwise absmax-scaled
              (64 values per float16 scale), with error feedback: the server sends the global generator minus what the
              sites hold, a site sends its generator minus what it received plus what its last upload's rounding lost.
              The generator bytes one site sent and received are printed (``bytes_per_site``).

@@ -4,7 +4,7 @@ ModelDequantizer, whose 8- and 4-bit modes need bitsandbytes and CUDA; the codec
 - :class:`DiffQuantizer`, a site's task result filter on the job's side: runs after the site's privacy scope (FLARE
   runs a scope's filters first), so the scope's filters see the float diff and this one only compresses what they
   passed. It keeps the site's residual (error feedback) from one send to the next.
-- :class:`DiffDequantizer`, a server task result filter: turns the integers back into float32 diffs before the update
+- :class:`DiffDequantizer`, a server task result filter: turns the integers back into float16 diffs before the update
   guard and the workflow read them, and notes in the DXO's meta (:data:`WIRE_BYTES`) how many bytes arrived, for the
   workflow's byte ledger.
 
@@ -48,7 +48,7 @@ class DiffQuantizer(DXOFilter):
 
 
 class DiffDequantizer(DXOFilter):
-    """Server result filter: a quantized WEIGHT_DIFF part back to float32, its wire bytes in meta :data:`WIRE_BYTES`.
+    """Server result filter: a quantized WEIGHT_DIFF part back to float16, its wire bytes in meta :data:`WIRE_BYTES`.
 
     Args: bits: as the sites' :class:`DiffQuantizer` (0: nothing to decode).
     """

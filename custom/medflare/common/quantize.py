@@ -41,6 +41,20 @@ def _is_float(value: Any) -> bool:
     return np.issubdtype(np.asarray(value).dtype, np.floating)
 
 
+def _blocks(size: int) -> int:
+    """Blocks (float16 scales) of an entry of ``size`` values."""
+    return -(-size // BLOCK)
+
+
+def _code_bytes(size: int, bits: int) -> int:
+    """Bytes of an entry's packed codes (the last block's padding stays home)."""
+    return (size * bits + 7) // 8
+
+
+def _shape(payload: Mapping[str, Any], name: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in np.asarray(payload[name + SHAPE]).reshape(-1))
+
+
 def encode(state: Mapping[str, Any], bits: int) -> dict[str, np.ndarray]:
     """``state``'s float entries as blockwise ``bits``-bit integers + float16 scales (+ shapes); others as they are."""
     levels = _levels(bits)
@@ -83,11 +97,11 @@ def decode(payload: Mapping[str, Any], bits: int) -> dict[str, np.ndarray]:
             out[name] = value
             continue
         try:
-            shape = tuple(int(n) for n in np.asarray(payload[name + SHAPE]).reshape(-1))
+            shape = _shape(payload, name)
             scale = np.asarray(payload[name + SCALE], dtype=np.float32).reshape(-1, 1)
             codes = np.asarray(value, dtype=np.uint8).reshape(-1)
             size = int(np.prod(shape))
-            if codes.size != (size * bits + 7) // 8 or scale.shape[0] != -(-size // BLOCK):
+            if codes.size != _code_bytes(size, bits) or scale.shape[0] != _blocks(size):
                 raise ValueError(f"{codes.size} code bytes and {scale.shape[0]} scales for {size} values")
             if bits == 4:
                 codes = np.stack([codes >> 4, codes & 0xF], axis=1).reshape(-1)
@@ -106,7 +120,7 @@ def decoded_structure(payload: Mapping[str, Any]) -> dict[str, tuple[tuple[int, 
         if name.endswith((SCALE, SHAPE)):
             continue
         if name + SHAPE in payload:
-            out[name] = (tuple(int(n) for n in np.asarray(payload[name + SHAPE]).reshape(-1)), DECODED)
+            out[name] = (_shape(payload, name), DECODED)
         else:
             out[name] = (tuple(np.shape(value)), np.asarray(value).dtype)
     return out
@@ -120,7 +134,7 @@ def encoded_bytes(state: Mapping[str, Any], bits: int) -> int:
         if not _is_float(a):
             total += a.nbytes
             continue
-        total += (a.size * bits + 7) // 8 + 2 * (-(-a.size // BLOCK)) + 4 * a.ndim
+        total += _code_bytes(a.size, bits) + 2 * _blocks(a.size) + 4 * a.ndim
     return total
 
 

@@ -136,7 +136,7 @@ def weight_structure(parts: Mapping[str, Part]) -> dict[str, tuple[tuple[int, ..
     for part in parts.values():
         if part.kind in WEIGHT_KINDS and isinstance(part.data, Mapping):
             if is_encoded(part.data):  # a quantized diff: the entries it decodes to (medflare.common.quantize)
-                out.update({str(k): v for k, v in decoded_structure(part.data).items()})
+                out.update(decoded_structure(part.data))
             else:
                 out.update({str(k): (tuple(np.shape(v)), _dtype(v)) for k, v in part.data.items()})
     return out

@@ -21,7 +21,8 @@ GENERATOR_WEIGHTS = ("equal", "cases")
 SYNC_LAYERS = ("all", "domain")
 #: ``diffusion.exchange_dtype``: the type FedST-join's generator travels in, both ways (the int ones: blockwise
 #: quantized diffs with error feedback, :mod:`medflare.common.quantize`)
-EXCHANGE_DTYPES = ("float32", "float16", "int8", "int4")
+QUANTIZED_DTYPES = {"int8": 8, "int4": 4}  # name -> bits
+EXCHANGE_DTYPES = ("float32", "float16", *QUANTIZED_DTYPES)
 #: ``fedst.refresh_every`` when a preset leaves it null: FedST-separate uploads once (the paper), FedST-join redraws
 #: its synthetic images every 2 rounds
 REFRESH_EVERY = {"separate": 0, "join": 2}

@@ -32,7 +32,7 @@ from torch import nn
 
 from medflare import ConfigError, DataError, MedflareError, PayloadError
 from medflare.fedst.conditioning import DomainModulation, check_domain_vectors, domain_vectors, encode_labels, mixture_vectors
-from medflare.fedst.config import DiffusionConfig
+from medflare.fedst.config import QUANTIZED_DTYPES, DiffusionConfig
 
 #: name prefix of the domain modulation's parameters in a :class:`StyleGenerator`'s state (FedST-join)
 DOMAIN_PREFIX = "modulation."
@@ -84,7 +84,7 @@ def select_entries(state: Mapping[str, Any], part: str) -> dict[str, Any]:
 
 def quantized_bits(dtype: str) -> int | None:
     """The bits of a quantized ``diffusion.exchange_dtype`` ("int8" -> 8, "int4" -> 4); None for a float type."""
-    return {"int8": 8, "int4": 4}.get(dtype)
+    return QUANTIZED_DTYPES.get(dtype)
 
 
 def float_exchange_dtype(dtype: str) -> str:

@@ -150,14 +150,11 @@ def run_simulator(
     every site's and the server's ``local/`` (e.g. ``{"medflare_site.json": {...}}``, ``{"privacy.json": {...}}``).
     ``audit`` (default True) runs a copy of the job with the egress recorder at every site (beside the workspace, as
     ``<workspace>_job``), so :meth:`SimRun.egress_violations` can judge everything the sites sent.
+    A run whose site process FLARE's simulator could not reach (:data:`SITE_NOT_REACHED_LOG`; it would wait for ever)
+    is stopped at once and started again in a fresh workspace, once; a second such start raises.
     """
     if audit:
         job = with_egress_recorder(job, Path(str(workspace).rstrip("/") + "_job"))
-    if local_files:
-        local = Path(workspace) / "local"
-        local.mkdir(parents=True, exist_ok=True)
-        for name, content in local_files.items():
-            (local / name).write_text(content if isinstance(content, str) else json.dumps(content, indent=2))
     cmd = [
         sys.executable, "-m", "nvflare.cli", "simulator", str(job),
         "-w", str(workspace), "-n", str(n_clients), "-t", str(threads or n_clients),
@@ -167,16 +164,15 @@ def run_simulator(
     full_env = {k: v for k, v in {**(BASE_ENV.get() or os.environ), **RUN_ENV, **(env or {})}.items() if v is not None}
     start = time.perf_counter()
     if _FORK_SERVER is not None:
-        returncode, stdout, log = _run_forked(cmd[3:], full_env, timeout)
+        launch = lambda: _run_forked(cmd[3:], full_env, timeout)  # noqa: E731
     else:
-        try:
-            proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired as e:
-            returncode, stdout = None, e.stdout or ""
-        else:
-            returncode, stdout, log = proc.returncode, proc.stdout, proc.stdout + proc.stderr
-    if returncode is None:
+        launch = lambda: _run_process(cmd, full_env, timeout)  # noqa: E731
+    outcome, returncode, stdout, log = _with_restart(launch, workspace, local_files)
+    if outcome == TIMED_OUT:
         raise MedflareError(f"simulator run of '{job}' exceeded {timeout:.0f} s:\n{stdout[-4000:]}")
+    if outcome == SITE_NOT_REACHED:
+        raise MedflareError(f"simulator run of '{job}': FLARE's simulator could not reach a site's process in "
+                            f"{SITE_START_ATTEMPTS} starts (its log: '{SITE_NOT_REACHED_LOG}'):\n{log[-4000:]}")
     run = SimRun(returncode, time.perf_counter() - start, Path(workspace), log, Path(job))
     if audit:
         AUDITED.append(run)
@@ -221,8 +217,98 @@ def start_fork_server(jobs: str | os.PathLike) -> None:
     _FORK_SERVER = context
 
 
-def _run_forked(argv: list[str], env: dict[str, str], timeout: float) -> tuple[int | None, str, str]:
-    """``nvflare <argv>`` in a fork of the fork server: (return code or None on timeout, stdout, stdout + stderr)."""
+#: how :func:`_watch` ends a run: it exited, it ran past its time, or FLARE's simulator lost a site's process at its start
+EXITED, TIMED_OUT, SITE_NOT_REACHED = "exited", "timed out", "site not reached"
+#: what FLARE's simulator logs when a site's process did not open the port it was given within 60 s. FLARE picks a free
+#: port, closes it and passes its number to the site's new process, which binds it seconds later: another process can
+#: take it meanwhile ("Address already in use" in the site's log). The simulator then waits for that site for ever.
+SITE_NOT_REACHED_LOG = "Failed to create connection to the child process"
+#: starts of a run whose site process was not reached (each in a fresh workspace) before :func:`run_simulator` gives up
+SITE_START_ATTEMPTS = 2
+
+
+def _with_restart(launch, workspace: str | os.PathLike,
+                  local_files: dict[str, object] | None) -> tuple[str, int | None, str, str]:
+    """``launch()`` (:func:`_run_process` or :func:`_run_forked`) with ``local_files`` written to ``workspace/local/``;
+    a run whose site process was not reached starts again in a fresh workspace, up to :data:`SITE_START_ATTEMPTS`
+    times. Returns the last start's result."""
+    for attempt in range(1, SITE_START_ATTEMPTS + 1):
+        if local_files:
+            local = Path(workspace) / "local"
+            local.mkdir(parents=True, exist_ok=True)
+            for name, content in local_files.items():
+                (local / name).write_text(content if isinstance(content, str) else json.dumps(content, indent=2))
+        result = launch()
+        if result[0] != SITE_NOT_REACHED or attempt == SITE_START_ATTEMPTS:
+            return result
+        shutil.rmtree(workspace, ignore_errors=True)  # nothing of the stopped run is read back
+    raise AssertionError("unreachable")
+
+
+def _watch(wait, outputs: tuple[Path, ...], timeout: float, poll: float = 2.0) -> str:
+    """Wait for a run for at most ``timeout`` s (``wait(seconds)``: True once it has exited), reading the new lines of
+    its output files: :data:`EXITED`, :data:`TIMED_OUT`, or :data:`SITE_NOT_REACHED` as soon as the simulator logs
+    :data:`SITE_NOT_REACHED_LOG` (instead of waiting out the timeout on a run that cannot end)."""
+    deadline = time.monotonic() + timeout
+    marker = SITE_NOT_REACHED_LOG.encode()
+    read = {path: (0, b"") for path in outputs}  # per file: bytes read so far, the last bytes of them
+    while not wait(min(poll, max(0.0, deadline - time.monotonic()))):
+        for path, (offset, tail) in read.items():
+            if not path.is_file():
+                continue
+            with path.open("rb") as f:
+                f.seek(offset)
+                new = f.read()
+            if marker in tail + new:
+                return SITE_NOT_REACHED
+            read[path] = (offset + len(new), (tail + new)[-len(marker):])
+        if time.monotonic() >= deadline:
+            return TIMED_OUT
+    return EXITED
+
+
+def _run_process(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[str, int | None, str, str]:
+    """``cmd`` (``nvflare simulator ...``) as a fresh process: (:func:`_watch`'s outcome, return code or None when it
+    was stopped, stdout, stdout + stderr)."""
+    with tempfile.TemporaryDirectory(prefix="medflare-simulator-") as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        with out.open("wb") as o, err.open("wb") as e:
+            proc = subprocess.Popen(cmd, env=env, stdout=o, stderr=e)
+        outcome = _watch(lambda seconds: _exited(proc, seconds), (out, err), timeout)
+        if outcome != EXITED:
+            _kill_tree(proc.pid)
+        returncode = proc.wait()
+        stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
+    return outcome, returncode if outcome == EXITED else None, stdout, stdout + stderr
+
+
+def _kill_tree(pid: int) -> None:
+    """Kill a stopped run's process and what it started (FLARE's simulator runs the server in a child process beside a
+    multiprocessing manager; killing the top process alone left them waiting)."""
+    import psutil
+
+    try:
+        top = psutil.Process(pid)
+        processes = [*top.children(recursive=True), top]
+    except psutil.NoSuchProcess:
+        return
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _exited(proc: subprocess.Popen, seconds: float) -> bool:
+    try:
+        proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def _run_forked(argv: list[str], env: dict[str, str], timeout: float) -> tuple[str, int | None, str, str]:
+    """``nvflare <argv>`` in a fork of the fork server: as :func:`_run_process`."""
     with tempfile.TemporaryDirectory(prefix="medflare-simulator-") as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         from multiprocessing import forkserver
@@ -230,14 +316,13 @@ def _run_forked(argv: list[str], env: dict[str, str], timeout: float) -> tuple[i
         address = forkserver._forkserver._forkserver_address  # noqa: SLF001 - its sites start from the same fork server
         proc = _FORK_SERVER.Process(target=_simulate, args=(argv, env, os.getcwd(), str(out), str(err), address))
         proc.start()
-        proc.join(timeout)
-        returncode = proc.exitcode
-        if returncode is None:
-            proc.kill()
-            proc.join()
+        outcome = _watch(lambda seconds: proc.join(seconds) or proc.exitcode is not None, (out, err), timeout)
+        if outcome != EXITED:
+            _kill_tree(proc.pid)
+        proc.join()
         stdout = out.read_text(errors="replace") if out.is_file() else ""
         stderr = err.read_text(errors="replace") if err.is_file() else ""
-    return returncode, stdout, stdout + stderr
+    return outcome, proc.exitcode if outcome == EXITED else None, stdout, stdout + stderr
 
 
 def _simulate(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str, address: str) -> None:
@@ -253,11 +338,66 @@ def _simulate(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str
     # and environment), not of a new fork server (a fork server's children inherit its start method)
     multiprocessing.set_start_method("fork", force=True)
     _reach_fork_server(address)
+    _ports_below_the_ephemeral_range()
     subprocess.Popen = _site_process_factory(subprocess.Popen, out, err)
     _cap_shutdown_grace()
     from nvflare.cli import main
 
     main()
+
+
+def _ports_below_the_ephemeral_range() -> None:
+    """In this forked simulator: its server's and its sites' ports are free ones picked at random below the kernel's
+    ephemeral port range (:func:`free_ports`) instead of FLARE's ``get_open_ports``. FLARE's picks a port from that range
+    (bind port 0, close) and a site's new process binds it seconds later; any outgoing connection of any process (the
+    other runs of a test session, its POC federation) may take it meanwhile, and the site's process then fails with
+    "Address already in use" (:data:`SITE_NOT_REACHED_LOG`). Below the range only explicit binds land."""
+    from nvflare.fuel.utils import network_utils
+    from nvflare.private.fed.app.deployer import simulator_deployer
+    from nvflare.private.fed.app.simulator import simulator_runner
+
+    low, high = _below_ephemeral_range()
+    if high - low < 1000:  # a kernel whose ephemeral range starts low: FLARE's own
+        return
+    for module in (network_utils, simulator_runner, simulator_deployer):
+        module.get_open_ports = lambda number: free_ports(number, low, high)
+
+
+def _below_ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The ports [low, high) below the kernel's ephemeral range, from its lower half up (Linux's default range starts at
+    32768: 16384-32767); an empty range where the kernel does not say."""
+    try:
+        start = int(Path(path).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    return max(1024, start // 2), start
+
+
+def free_ports(number: int, low: int, high: int, attempts: int = 200) -> list[int]:
+    """``number`` distinct ports in [low, high) that this host let us bind and listen on just now, picked at random
+    (from the OS's entropy: forks of one process pick differently); FLARE's ``get_open_ports`` contract otherwise."""
+    import random
+    import socket
+
+    rng, sockets = random.SystemRandom(), []
+    try:
+        for _ in range(attempts):
+            if len(sockets) == number:
+                break
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind(("", rng.randrange(low, high)))
+                s.listen(1)
+            except OSError:
+                s.close()
+                continue
+            sockets.append(s)  # held until all are found, so none is picked twice
+        if len(sockets) < number:
+            raise RuntimeError(f"found {len(sockets)} of {number} free ports in {low}-{high - 1} in {attempts} tries")
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def _shutdown_grace() -> float | None:

@@ -100,6 +100,6 @@ def test_the_forked_simulator_takes_its_ports_from_below_the_ephemeral_range(mon
     modules = (network_utils, simulator_runner, simulator_deployer)
     for module in modules:
         monkeypatch.setattr(module, "get_open_ports", module.get_open_ports)  # restored after the test
-    simulate._ports_below_the_ephemeral_range()
+    simulate.ports_below_the_ephemeral_range()
     for module in modules:
         assert all(low <= p < high for p in module.get_open_ports(3))

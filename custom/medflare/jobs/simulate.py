@@ -338,7 +338,7 @@ def _simulate(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str
     # and environment), not of a new fork server (a fork server's children inherit its start method)
     multiprocessing.set_start_method("fork", force=True)
     _reach_fork_server(address)
-    _ports_below_the_ephemeral_range()
+    ports_below_the_ephemeral_range()
     subprocess.Popen = _site_process_factory(subprocess.Popen, out, err)
     _cap_shutdown_grace()
     from nvflare.cli import main
@@ -346,8 +346,9 @@ def _simulate(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str
     main()
 
 
-def _ports_below_the_ephemeral_range() -> None:
-    """In this forked simulator: its server's and its sites' ports are free ones picked at random below the kernel's
+def ports_below_the_ephemeral_range() -> None:
+    """In this forked simulator run (:func:`_simulate`; ``medflare run``'s SimEnv and a plain run start FLARE's own in a
+    new process): its server's and its sites' ports are free ones picked at random below the kernel's
     ephemeral port range (:func:`free_ports`) instead of FLARE's ``get_open_ports``. FLARE's picks a port from that range
     (bind port 0, close) and a site's new process binds it seconds later; any outgoing connection of any process (the
     other runs of a test session, its POC federation) may take it meanwhile, and the site's process then fails with

@@ -515,9 +515,9 @@ def _fedst(base: str, overrides: Mapping, diffusion: Mapping, rounds: int) -> di
 # ways with error feedback (exchange_dtype int4, 0.269 of float16's bytes a transfer): at the report's six sites one
 # average per round draws their mixture style for every domain vector, a few a round draw it flat at some seeds, and
 # averages every 5-8 steps draw every site's style (issue 32, benchmarks/RESULTS_fedst.md "Six sites", "Is the exchange
-# schedule the gap?"). Over seeds 0-4 it scores 78.20 +- 0.35 Dice against FedST-separate's 78.75 +- 0.85
-# (paired -0.55) and the previous preset's 77.20 +- 0.87 (three float16 averages a round with domain guidance 0.5;
-# paired +1.01, 5 of 5 seeds), at 318.02 MB in all, 4.99x FedST-separate's 63.75 MB (the previous 274.62 MB, 4.3x)
+# schedule the gap?"). Over seeds 0-5 it scores 78.25 +- 0.33 Dice against FedST-separate's 78.87 +- 0.81
+# (paired -0.62) and the previous preset's 77.32 +- 0.84 (three float16 averages a round with domain guidance 0.5;
+# paired +0.93, 6 of 6 seeds), at 318.02 MB in all, 4.99x FedST-separate's 63.75 MB (the previous 274.62 MB, 4.3x)
 # ("Four-bit diffs every 8 steps at full scale"). No domain guidance: once the generator follows style, guidance
 # overshoots the inverted sites' contrast ("Is the exchange schedule the gap?").
 PRESETS["fedst"] = _fedst(

@@ -2,6 +2,11 @@
 
 FLARE's simulator can exit 0 after a client crashed, so callers check artifacts, not just the return
 code: :class:`SimRun` exposes the server run folder, the TensorBoard scalars per site and the log.
+
+FLARE's simulator can also wait for ever on a site's process that never started (its port taken by another process
+between FLARE's pick and the site's bind): such a run is stopped when FLARE logs it and started again once
+(:func:`run_simulator`), and forked runs pick their ports where other processes' connections do not land
+(:func:`ports_below_the_ephemeral_range`).
 """
 
 from __future__ import annotations

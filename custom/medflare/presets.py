@@ -510,22 +510,22 @@ def _fedst(base: str, overrides: Mapping, diffusion: Mapping, rounds: int) -> di
 
 # Laptop default: 64x64 sites, a 4-level generator (8..32 channels, 0.26M parameters), rectified flow with 20 Euler
 # steps (on these sites it draws images a segmentation model reads as well as real ones in 10-20 steps, where DDIM
-# with the same training budget does not; benchmarks/RESULTS_fedst.md). FedST-join averages its generator every 10
-# local steps (sync_steps 10: 10 exchanges a round of 100 steps) and sends, after a site's first download, 4-bit diffs
-# both ways with error feedback (exchange_dtype int4, 0.269 of float16's bytes a transfer): at the report's six sites
-# one average per round draws their mixture style for every domain vector, a few a round draw it flat at some seeds,
-# and averages every 5-10 steps draw every site's style (issue 32, benchmarks/RESULTS_fedst.md "Six sites", "Is the
-# exchange schedule the gap?"). Over seeds 0-2 it scores 78.30 +- 0.53 Dice, paired +0.01 against every 8 steps
-# (session 63's preset: 78.25 +- 0.33 over seeds 0-5, paired -0.62 against FedST-separate's 78.87 +- 0.81) and -0.29
-# against FedST-separate, at 251.21 MB in all, 3.94x FedST-separate's 63.75 MB (every 8 steps: 318.02 MB, 4.99x)
-# ("Every 10 steps"). No domain guidance: once the generator follows style, guidance overshoots the inverted sites'
-# contrast ("Is the exchange schedule the gap?").
+# with the same training budget does not; benchmarks/RESULTS_fedst.md). FedST-join averages its generator every 8 local
+# steps (sync_steps 8: 13 exchanges a round of 100 steps) and sends, after a site's first download, 4-bit diffs both
+# ways with error feedback (exchange_dtype int4, 0.269 of float16's bytes a transfer): at the report's six sites one
+# average per round draws their mixture style for every domain vector, a few a round draw it flat at some seeds, and
+# averages every 5-8 steps draw every site's style (issue 32, benchmarks/RESULTS_fedst.md "Six sites", "Is the exchange
+# schedule the gap?"). Over seeds 0-5 it scores 78.25 +- 0.33 Dice against FedST-separate's 78.87 +- 0.81
+# (paired -0.62) and the previous preset's 77.32 +- 0.84 (three float16 averages a round with domain guidance 0.5;
+# paired +0.93, 6 of 6 seeds), at 318.02 MB in all, 4.99x FedST-separate's 63.75 MB (the previous 274.62 MB, 4.3x)
+# ("Four-bit diffs every 8 steps at full scale"). No domain guidance: once the generator follows style, guidance
+# overshoots the inverted sites' contrast ("Is the exchange schedule the gap?").
 PRESETS["fedst"] = _fedst(
     "seg_synthetic", {"train": {"epochs": 2, "batch_size": 8, "lr": 3e-3}},
     {"generator": {"channels": [8, 16, 32, 32], "num_res_blocks": 1, "attention_levels": [False, False, False, False],
                    "norm_num_groups": 8, "num_head_channels": 8},
      "scheduler": "rflow", "prediction": "epsilon", "train_timesteps": 1000, "sampler": "ddim", "sample_steps": 20,
-     "lr": 2e-3, "domain_lr": 2e-2, "batch_size": 8, "warmup_steps": 800, "steps_per_round": 100, "sync_steps": 10,
+     "lr": 2e-3, "domain_lr": 2e-2, "batch_size": 8, "warmup_steps": 800, "steps_per_round": 100, "sync_steps": 8,
      "exchange_dtype": "int4", "domain_guidance": 0.0,
      "warmup_rounds": 3,
      "num_synthetic": 0, "sample_batch": 32},

@@ -20,7 +20,7 @@ into the shared layers, which the average takes back to the mean style (measured
 the joint generator draws the mean of two inverted styles for either vector). Two remedies, both measured to separate
 the styles (benchmarks/RESULTS_fedst.md): averaging every ``diffusion.sync_steps`` (e.g. 5) local steps
 (:func:`medflare.fedst.diffusion.exchange_steps`; costly in bytes unless the diffs travel quantized,
-``diffusion.exchange_dtype`` int4: the ``fedst`` preset's choice, every 10 steps), or -- ``fedst_tiny``'s, which
+``diffusion.exchange_dtype`` int4: the ``fedst`` preset's choice, every 8 steps), or -- ``fedst_tiny``'s, which
 follows style at two sites but not at six -- one average per round with ``diffusion.keep_other_domains``, a term that
 keeps the generator's predictions for the other domains at the received generator's during local steps
 (:func:`medflare.fedst.diffusion.other_domain_term`), so the site's style can only go into its own column. Both

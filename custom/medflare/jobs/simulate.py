@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from medflare import MedflareError
@@ -169,9 +170,9 @@ def run_simulator(
     full_env = {k: v for k, v in {**(BASE_ENV.get() or os.environ), **RUN_ENV, **(env or {})}.items() if v is not None}
     start = time.perf_counter()
     if _FORK_SERVER is not None:
-        launch = lambda: _run_forked(cmd[3:], full_env, timeout)  # noqa: E731
+        launch = partial(_run_forked, cmd[3:], full_env, timeout)
     else:
-        launch = lambda: _run_process(cmd, full_env, timeout)  # noqa: E731
+        launch = partial(_run_process, cmd, full_env, timeout)
     outcome, returncode, stdout, log = _with_restart(launch, workspace, local_files)
     if outcome == TIMED_OUT:
         raise MedflareError(f"simulator run of '{job}' exceeded {timeout:.0f} s:\n{stdout[-4000:]}")
@@ -237,17 +238,18 @@ def _with_restart(launch, workspace: str | os.PathLike,
     """``launch()`` (:func:`_run_process` or :func:`_run_forked`) with ``local_files`` written to ``workspace/local/``;
     a run whose site process was not reached starts again in a fresh workspace, up to :data:`SITE_START_ATTEMPTS`
     times. Returns the last start's result."""
-    for attempt in range(1, SITE_START_ATTEMPTS + 1):
+    for attempt in range(SITE_START_ATTEMPTS):
+        if attempt:
+            shutil.rmtree(workspace, ignore_errors=True)  # nothing of the stopped run is read back
         if local_files:
             local = Path(workspace) / "local"
             local.mkdir(parents=True, exist_ok=True)
             for name, content in local_files.items():
                 (local / name).write_text(content if isinstance(content, str) else json.dumps(content, indent=2))
         result = launch()
-        if result[0] != SITE_NOT_REACHED or attempt == SITE_START_ATTEMPTS:
-            return result
-        shutil.rmtree(workspace, ignore_errors=True)  # nothing of the stopped run is read back
-    raise AssertionError("unreachable")
+        if result[0] != SITE_NOT_REACHED:
+            break
+    return result
 
 
 def _watch(wait, outputs: tuple[Path, ...], timeout: float, poll: float = 2.0) -> str:
@@ -272,19 +274,39 @@ def _watch(wait, outputs: tuple[Path, ...], timeout: float, poll: float = 2.0) -
     return EXITED
 
 
-def _run_process(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[str, int | None, str, str]:
-    """``cmd`` (``nvflare simulator ...``) as a fresh process: (:func:`_watch`'s outcome, return code or None when it
-    was stopped, stdout, stdout + stderr)."""
+def _supervise(start, timeout: float) -> tuple[str, int | None, str, str]:
+    """A run started by ``start(stdout_path, stderr_path)`` -> (its pid, ``wait(seconds)``: True once it exited, its
+    exit code), watched by :func:`_watch` and killed with what it started unless it exited: (the outcome, the exit
+    code or None when it was stopped, stdout, stdout + stderr)."""
     with tempfile.TemporaryDirectory(prefix="medflare-simulator-") as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        pid, wait, exitcode = start(out, err)
+        outcome = _watch(wait, (out, err), timeout)
+        if outcome != EXITED:
+            _kill_tree(pid)
+            wait(None)
+        stdout, stderr = (path.read_text(errors="replace") if path.is_file() else "" for path in (out, err))
+    return outcome, exitcode() if outcome == EXITED else None, stdout, stdout + stderr
+
+
+def _run_process(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[str, int | None, str, str]:
+    """``cmd`` (``nvflare simulator ...``) as a fresh process, watched by :func:`_supervise`."""
+
+    def start(out: Path, err: Path):
         with out.open("wb") as o, err.open("wb") as e:
             proc = subprocess.Popen(cmd, env=env, stdout=o, stderr=e)
-        outcome = _watch(lambda seconds: _exited(proc, seconds), (out, err), timeout)
-        if outcome != EXITED:
-            _kill_tree(proc.pid)
-        returncode = proc.wait()
-        stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
-    return outcome, returncode if outcome == EXITED else None, stdout, stdout + stderr
+        return proc.pid, partial(_exited, proc), lambda: proc.returncode
+
+    return _supervise(start, timeout)
+
+
+def _exited(proc: subprocess.Popen, seconds: float | None) -> bool:
+    """``proc`` has exited, waiting at most ``seconds`` for it (None: until it does)."""
+    try:
+        proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def _kill_tree(pid: int) -> None:
@@ -304,30 +326,18 @@ def _kill_tree(pid: int) -> None:
             pass
 
 
-def _exited(proc: subprocess.Popen, seconds: float) -> bool:
-    try:
-        proc.wait(seconds)
-    except subprocess.TimeoutExpired:
-        return False
-    return True
-
-
 def _run_forked(argv: list[str], env: dict[str, str], timeout: float) -> tuple[str, int | None, str, str]:
-    """``nvflare <argv>`` in a fork of the fork server: as :func:`_run_process`."""
-    with tempfile.TemporaryDirectory(prefix="medflare-simulator-") as tmp:
-        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-        from multiprocessing import forkserver
+    """``nvflare <argv>`` in a fork of the fork server, watched by :func:`_supervise`."""
+    from multiprocessing import forkserver
 
-        address = forkserver._forkserver._forkserver_address  # noqa: SLF001 - its sites start from the same fork server
+    address = forkserver._forkserver._forkserver_address  # noqa: SLF001 - its sites start from the same fork server
+
+    def start(out: Path, err: Path):
         proc = _FORK_SERVER.Process(target=_simulate, args=(argv, env, os.getcwd(), str(out), str(err), address))
         proc.start()
-        outcome = _watch(lambda seconds: proc.join(seconds) or proc.exitcode is not None, (out, err), timeout)
-        if outcome != EXITED:
-            _kill_tree(proc.pid)
-        proc.join()
-        stdout = out.read_text(errors="replace") if out.is_file() else ""
-        stderr = err.read_text(errors="replace") if err.is_file() else ""
-    return outcome, proc.exitcode if outcome == EXITED else None, stdout, stdout + stderr
+        return proc.pid, lambda seconds: proc.join(seconds) or proc.exitcode is not None, lambda: proc.exitcode
+
+    return _supervise(start, timeout)
 
 
 def _simulate(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str, address: str) -> None:

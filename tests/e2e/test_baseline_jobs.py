@@ -5,11 +5,13 @@ scalars and images written by the server, and the saved model scored again with 
 """
 
 import json
+import re
 
 import pytest
 
 from medflare.cli import main as medflare_main
 from medflare.jobs.customize import customize_job
+from medflare.jobs import simulate
 from medflare.jobs.simulate import run_simulator
 
 from . import simulation
@@ -135,3 +137,15 @@ def test_a_site_without_data_stops_the_job_with_a_clear_error(no_data_run):
     assert "site 'site-1': data kind 'datalist' needs the site's own data; set $MEDFLARE_DATA" in run.log
     assert run.seconds < 240  # ends, does not wait for the missing site forever
     assert not (run.app_server / "best_FL_global_model.pt").exists()
+
+
+def test_a_session_run_takes_its_ports_from_below_the_ephemeral_range(fedavg_run):
+    """The session's runs are forks (tests/conftest.py): their simulator picks its server's port (and its sites') below
+    the kernel's ephemeral range (:func:`medflare.jobs.simulate.ports_below_the_ephemeral_range`), where no outgoing
+    connection can take it before it is bound; FLARE's own pick lies in the range (a plain run: 42778-58101)."""
+    low, high = simulate._below_ephemeral_range()
+    if high - low < 1000:
+        pytest.skip("this kernel does not report its ephemeral port range")
+    log = (fedavg_run.workspace / CLIENTS[0] / "log.txt").read_text()
+    ports = {int(p) for p in re.findall(r"connector to tcp://localhost:(\d+)", log)}  # the site's link to the server
+    assert ports and all(low <= p < high for p in ports), ports

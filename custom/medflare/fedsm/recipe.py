@@ -24,7 +24,7 @@ class FedSMRecipe(JobRecipe):
     :class:`~medflare.fedsm.config.FedSMConfig`, e.g. ``{"fedsm": {"gamma": 0.1, "extra_rounds": 2}}``), num_rounds,
     seed, device, min_clients, and the other :class:`~medflare.fedsm.controller.FedSMController` arguments
     (resume_round, min_responses, task_timeout) as keyword arguments. Defaults: preset ``fedsm_synthetic`` (seg_synthetic
-    with one local epoch a round) and 20 rounds, the paper's one-epoch rounds at the baselines' local steps
+    with one local epoch a round) and 20 rounds, the paper's one-epoch rounds at the baselines' local epochs
     (jobs/fedsm/README.md, "Local schedule").
 
     Server components: ``persistor`` (:class:`~medflare.fedsm.persistor.SuperModelPersistor`) and

@@ -33,7 +33,7 @@ class Method:
     and at the server (:mod:`medflare.report.compute`): ``()`` = no optimisation there, None = it trains there
     but streams no steps; ``server_time``: the tag of the server's training seconds per round, where streamed;
     ``rounds_scale``: per mode, the row's rounds as a multiple of the report's (1 where absent): the job's own schedule
-    where it differs from the baselines' (FedSM's one local epoch a round, twice the rounds for the same local steps;
+    where it differs from the baselines' (FedSM's one local epoch a round, twice the rounds for the same local epochs;
     FedIOD-seg's 600 server steps)."""
 
     name: str

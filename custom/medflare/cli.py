@@ -403,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", help="comma-separated subset, e.g. fedavg,fedsm,local (default: every method of the task)")
     p.add_argument("--sites", help="comma-separated site names (default site-1..site-N of the mode); with MEDFLARE_DATA, your sites")
     p.add_argument("--seeds", help="comma-separated seeds (default: 0 in --quick mode, 0,1,2 in full mode)")
-    p.add_argument("--rounds", type=_positive, help="rounds per job (default: 2 quick, 10 full; full mode runs FedSM, FedSM-extra and FedIOD-seg at twice the rounds, their jobs' own schedules)")
+    p.add_argument("--rounds", type=_positive, help="rounds per job (default: 2 quick, 10 full; full mode runs FedSM and FedSM-extra at twice the rounds and FedIOD-seg at three times, their jobs' own schedules)")
     p.add_argument("--skews", help="Dirichlet betas of the classification tables (default 0.5,0.05)")
     p.add_argument("--match-compute", metavar="METHODS",
                    help="also run the baselines (fedavg, fedprox, scaffold) at the optimisation steps per round of these "

@@ -281,12 +281,13 @@ PRESETS["cls_synthetic_tiny"] = _derive(
     },
 )
 
-# FedSM's default (jobs/fedsm, 20 rounds): seg_synthetic with the paper's one local epoch a round, so 20 rounds train the
-# local epochs of the baselines' 10 rounds x 2 epochs (in steps: on the report's six sites, whose epochs are 10-15 steps,
-# the small-site guard's min_steps 25 makes every FedSM round 25 steps, 500 a site, and a baseline round 25-30, 250-300
-# a site; benchmarks/RESULTS_fedsm.md, "Eight seeds against centralised"). Measured (benchmarks/RESULTS_fedsm.md,
-# "Closing the gap to centralised", 6 sites): client average 81.25 +- 0.37 over 3 seeds, against 79.07 for 10 x 2 epochs (seed 0) and
-# centralised 81.77 +- 0.50; the gain is in the SoftPull-personalised models, which meet the global model twice as often.
+# FedSM's default (jobs/fedsm, 20 rounds): seg_synthetic with the paper's one local epoch a round, so 20 rounds train
+# the local epochs of the baselines' 10 rounds x 2 epochs (in steps: on the report's six sites, whose epochs are 10-15
+# steps, the small-site guard's min_steps 25 makes every FedSM round 25 steps, 500 a site, and a baseline round 25-30,
+# 250-300 a site; benchmarks/RESULTS_fedsm.md, "Eight seeds against centralised"). Measured (benchmarks/RESULTS_fedsm.md,
+# "Closing the gap to centralised", 6 sites): client average 81.25 +- 0.37 over 3 seeds, against 79.07 for 10 x 2
+# epochs (seed 0) and centralised 81.77 +- 0.50; the gain is in the SoftPull-personalised models, which meet the global
+# model twice as often.
 PRESETS["fedsm_synthetic"] = _derive("seg_synthetic", {"train": {"epochs": 1}})
 
 # ---- hospital data presets ----

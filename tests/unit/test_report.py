@@ -17,7 +17,7 @@ from medflare import ConfigError
 from medflare.common.payload import collection
 from medflare.presets import get_preset
 from medflare.report import runner
-from medflare.report.build import plan, write
+from medflare.report.build import describe_environments, plan, write
 from medflare.report.figures import bytes_axis
 from medflare.report.methods import METHODS, methods_for
 from medflare.report.tables import describe_setting, mark_ties, markdown, summary_row
@@ -199,8 +199,29 @@ def test_a_finished_row_is_reused_unless_rerun(tmp_path, monkeypatch):
     again = runner.run_row(row, tmp_path)
     assert calls == ["cls_beta0.5/cls_fedavg_seed0"] and again == json.loads(json.dumps(first, default=float))
     assert first["overhead_s"] == pytest.approx(first["seconds"] - 1.5)
+    import torch
+
+    env = first["environment"]  # what its numbers reproduce in: CPU, versions, threads
+    assert env["torch"] == torch.__version__ and env["torch_threads"] == torch.get_num_threads() and env["cpu"]
     runner.run_row(row, tmp_path, rerun=True)
     assert len(calls) == 2
+
+
+def test_the_cpu_model_comes_from_cpuinfo_and_a_report_says_when_its_rows_ran_in_different_environments(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Test CPU\n")
+    assert runner.cpu_model(info) == "Intel(R) Xeon(R) Test CPU"
+    assert runner.cpu_model(tmp_path / "absent")  # not Linux: platform's answer, never empty
+    env = {"cpu": "X", "cores": 2, "python": "3.11.9", "torch": "2.13.0", "monai": "1.5", "nvflare": "2.9",
+           "torch_threads": 2, "omp_num_threads": None}
+    one = [{**_record("a", s, 0.8), "environment": env} for s in (0, 1)]
+    assert describe_environments(one) == ("X, Python 3.11.9, torch 2.13.0, MONAI 1.5, NVFlare 2.9, 2 torch threads in "
+                                          "the standalone rows (OMP_NUM_THREADS unset)")
+    mixed = one + [{**_record("a", 2, 0.8), "environment": {**env, "torch_threads": 1, "omp_num_threads": "1"}}]
+    assert describe_environments(mixed).startswith("the rows ran in 2 environments")
+    assert describe_environments([_record("a", 0, 0.8)]) == "environment not recorded"  # records from before
+    write(tmp_path / "r", mixed)
+    assert "the rows ran in 2 environments" in (tmp_path / "r" / "REPORT.md").read_text()
 
 
 def test_plan_and_method_selection():

@@ -95,7 +95,8 @@ def write(out: Path, records: list[dict[str, Any]], failed: list[str] | None = N
              "wall time minus the compute on the critical path (per exchange, the slowest site's time from receiving a "
              "task to its result arriving); peak memory is the largest resident size of a site's process. `~`: within the spread over seeds of the best federated method (local and centralised rows are references).",
              f"Machine: {os.cpu_count()} CPUs, training on {devices(records)}; 1-minute load during the runs "
-             f"{_load_range(records)}. Timings marked (GPU) were taken with a GPU and compare only with each other.", ""]
+             f"{_load_range(records)}; {describe_environments(records)}. Timings marked (GPU) were taken with a GPU and "
+             "compare only with each other.", ""]
     if failed:
         parts += ["**Rows that failed** (not in the tables; the run folders under `runs/` hold their logs; rerunning "
                   "the command retries them):", "", *[f"- {f}" for f in failed], ""]
@@ -138,9 +139,23 @@ def compute_note(runs: dict[str, list[dict[str, Any]]]) -> str:
         "run at their defaults.")
 
 
+def describe_environments(records) -> str:
+    """The environment the rows ran in (:func:`medflare.report.runner.environment`), or how many there were: scores
+    reproduce to the digit only within one, so a report mixing them says so."""
+    envs = {json.dumps(r["environment"], sort_keys=True) for r in records if r.get("environment")}
+    if not envs:
+        return "environment not recorded"
+    if len(envs) > 1:
+        return (f"the rows ran in {len(envs)} environments (each record's `environment`: CPU, library versions, torch "
+                "threads), and scores compare to the digit only within one")
+    e = json.loads(envs.pop())
+    return (f"{e['cpu']}, Python {e['python']}, torch {e['torch']}, MONAI {e['monai']}, NVFlare {e['nvflare']}, "
+            f"{e['torch_threads']} torch threads in the standalone rows (OMP_NUM_THREADS {e['omp_num_threads'] or 'unset'})")
+
+
 def _load_range(records) -> str:
     loads = [x for r in records for x in r.get("load", [])]
     return f"{min(loads):.1f}-{max(loads):.1f}" if loads else "not recorded"
 
 
-__all__ = ["METHODS", "SETTINGS", "plan", "report", "write"]
+__all__ = ["METHODS", "SETTINGS", "describe_environments", "plan", "report", "write"]

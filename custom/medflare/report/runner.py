@@ -8,8 +8,9 @@ arguments) in the FLARE simulator with a :class:`~medflare.report.traffic.Traffi
 scoring for every row), the learning curve, bytes each way per site and round,
 every channel's bytes each site sent (the egress recorder's, :func:`~medflare.report.traffic.summarize_egress`),
 what kinds of payload left the sites, wall time, compute on the critical path and FLARE overhead (see
-:mod:`medflare.report.traffic`), peak memory per site process, and each site's epsilon where the result holds
-one. A record is written to disk and reused by the next run unless ``rerun`` (resume after an interruption).
+:mod:`medflare.report.traffic`), peak memory per site process, each site's epsilon where the result holds
+one, and the :func:`environment` it ran in (a row's scores reproduce to the digit only there). A record is
+written to disk and reused by the next run unless ``rerun`` (resume after an interruption).
 """
 
 from __future__ import annotations
@@ -251,12 +252,45 @@ def run_row(row: Row, out: Path, *, rerun: bool = False, log: Callable[[str], No
                   sites=list(row.sites), rounds=row.rounds, mode=row.mode, preset=row.preset,
                   local_epochs=get_preset(row.preset, row.overrides)["train"].get("epochs"),
                   seconds=time.perf_counter() - start, load=[load, os.getloadavg()[0]], device=device_name(),
-                  match=row.match, steps_per_site=row.steps)
+                  match=row.match, steps_per_site=row.steps, environment=environment())
     compute = record["traffic"]["compute_s"] if record.get("traffic") else record["seconds"]  # no federation: all compute
     record.update(compute_s=compute, overhead_s=record["seconds"] - compute)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, default=float))
     return record
+
+
+def environment() -> dict[str, Any]:
+    """What a row's numbers depend on besides the code, the data and the seed: the CPU, the library versions and the
+    torch threads.
+
+    Runs are deterministic for one environment, not across them: the float reductions of a convolution differ with
+    the thread count and the CPU's vector kernels, and after a few hundred optimiser steps that moves a score (the
+    centralised segmentation row at seed 0 gave 81.30 at one torch thread and 80.82 at two, same commit and
+    machine). ``torch_threads`` is this process's count (a standalone row trains in it); the FLARE rows' site
+    processes take their share of the cores (:mod:`medflare.common.compute`), which ``OMP_NUM_THREADS`` caps.
+    """
+    import platform
+
+    import monai
+    import nvflare
+    import torch
+
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "monai": monai.__version__, "nvflare": nvflare.__version__,
+            "torch_threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+
+
+def cpu_model(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
+    """The CPU's model name (Linux's ``/proc/cpuinfo``), else what :mod:`platform` knows, else "unknown"."""
+    import platform
+
+    with contextlib.suppress(OSError):
+        for line in Path(cpuinfo).read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def device_name() -> str:

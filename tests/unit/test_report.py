@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from nvflare.apis.dxo import DXO, DataKind
 from nvflare.apis.fl_constant import FLContextKey, ReturnCode
 from nvflare.apis.fl_context import FLContext
@@ -199,8 +200,6 @@ def test_a_finished_row_is_reused_unless_rerun(tmp_path, monkeypatch):
     again = runner.run_row(row, tmp_path)
     assert calls == ["cls_beta0.5/cls_fedavg_seed0"] and again == json.loads(json.dumps(first, default=float))
     assert first["overhead_s"] == pytest.approx(first["seconds"] - 1.5)
-    import torch
-
     env = first["environment"]  # what its numbers reproduce in: CPU, versions, threads
     assert env["torch"] == torch.__version__ and env["torch_threads"] == torch.get_num_threads() and env["cpu"]
     runner.run_row(row, tmp_path, rerun=True)

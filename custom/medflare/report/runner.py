@@ -261,8 +261,8 @@ def run_row(row: Row, out: Path, *, rerun: bool = False, log: Callable[[str], No
 
 
 def environment() -> dict[str, Any]:
-    """What a row's numbers depend on besides the code, the data and the seed: the CPU, the library versions and the
-    torch threads.
+    """What a row's numbers depend on besides the code, the data and the seed: the CPU, the library versions (CUDA's
+    too, ``None`` for a CPU build of torch) and the torch threads.
 
     Runs are deterministic for one environment, not across them: the float reductions of a convolution differ with
     the thread count and the CPU's vector kernels, and after a few hundred optimiser steps that moves a score (the
@@ -277,8 +277,8 @@ def environment() -> dict[str, Any]:
     import torch
 
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "monai": monai.__version__, "nvflare": nvflare.__version__,
-            "torch_threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+            "torch": torch.__version__, "cuda": torch.version.cuda, "monai": monai.__version__,
+            "nvflare": nvflare.__version__, "torch_threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
 
 
 def cpu_model(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:

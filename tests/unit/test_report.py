@@ -196,12 +196,14 @@ def test_a_finished_row_is_reused_unless_rerun(tmp_path, monkeypatch):
         return {"scores": {}, "curve": [], "traffic": {"compute_s": 1.5}, "peak_mb": {}, "epsilon": None}
 
     monkeypatch.setattr(runner, "_federated", fake)
+    monkeypatch.setattr(runner, "available_cores", lambda: 7)  # a container's quota: what the environment must name
     first = runner.run_row(row, tmp_path)
     again = runner.run_row(row, tmp_path)
     assert calls == ["cls_beta0.5/cls_fedavg_seed0"] and again == json.loads(json.dumps(first, default=float))
     assert first["overhead_s"] == pytest.approx(first["seconds"] - 1.5)
     env = first["environment"]  # what its numbers reproduce in: CPU, versions, threads
     assert env["torch"] == torch.__version__ and env["torch_threads"] == torch.get_num_threads() and env["cpu"]
+    assert env["cores"] == 7  # the cores the thread shares are cut from (affinity, quota), not the host's count
     runner.run_row(row, tmp_path, rerun=True)
     assert len(calls) == 2
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from medflare import MedflareError
+from medflare.common.compute import available_cores
 from medflare.presets import get_preset
 from medflare.report.compute import budget, compute_of, steps_per_site
 from medflare.report.methods import METHODS, SCORE_METRICS, Method, method_mode, task_data
@@ -267,8 +268,10 @@ def environment() -> dict[str, Any]:
     Runs are deterministic for one environment, not across them: the float reductions of a convolution differ with
     the thread count and the CPU's vector kernels, and after a few hundred optimiser steps that moves a score (the
     centralised segmentation row at seed 0 gave 81.30 at one torch thread and 80.82 at two, same commit and
-    machine). ``torch_threads`` is this process's count (a standalone row trains in it); the FLARE rows' site
-    processes take their share of the cores (:mod:`medflare.common.compute`), which ``OMP_NUM_THREADS`` caps.
+    machine). ``cores`` are the ones this process may use (affinity and container quota,
+    :func:`~medflare.common.compute.available_cores`, what the thread shares are cut from); ``torch_threads`` is this
+    process's count (a standalone row trains in it); the FLARE rows' site processes take their share of the cores
+    (:mod:`medflare.common.compute`), which ``OMP_NUM_THREADS`` caps.
     """
     import platform
 
@@ -276,9 +279,10 @@ def environment() -> dict[str, Any]:
     import nvflare
     import torch
 
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+    return {"cpu": cpu_model(), "cores": available_cores(), "python": platform.python_version(),
             "torch": torch.__version__, "cuda": torch.version.cuda, "monai": monai.__version__,
-            "nvflare": nvflare.__version__, "torch_threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+            "nvflare": nvflare.__version__, "torch_threads": torch.get_num_threads(),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
 
 
 def cpu_model(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:

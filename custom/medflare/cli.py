@@ -212,6 +212,7 @@ def cmd_submit(args) -> dict[str, Any]:
 
 
 def cmd_report(args) -> dict[str, Any]:
+    from medflare.presets import overrides_from_assignments
     from medflare.report.build import plan, report
 
     def listed(text, cast=str):
@@ -219,7 +220,7 @@ def cmd_report(args) -> dict[str, Any]:
 
     rows = plan(listed(args.tasks), "quick" if args.quick else "full", methods=listed(args.methods),
                 sites=listed(args.sites), seeds=listed(args.seeds, int), rounds=args.rounds, skews=listed(args.skews, float),
-                match=listed(args.match_compute))
+                match=listed(args.match_compute), settings=overrides_from_assignments(args.set or []))
     path, failed = report(Path(args.out), rows, rerun=args.rerun, write_only=args.write_only)
     print(f"report written to {path}" + (f"; {len(failed)} of {len(rows)} rows failed (listed in it)" if failed else ""))
     if failed:
@@ -408,6 +409,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--match-compute", metavar="METHODS",
                    help="also run the baselines (fedavg, fedprox, scaffold) at the optimisation steps per round of these "
                         "methods, e.g. fedvck,fediod (docs/report.md, 'Matched compute')")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a preset value in every row, e.g. --set data.scale=0.25 (every site with a quarter "
+                        "of its cases; repeatable, as for 'medflare run'); records remember it, and a folder run with "
+                        "other settings is refused, so give the report its own --out")
     p.add_argument("--rerun", action="store_true", help="run every row again instead of reusing finished ones")
     p.add_argument("--write-only", action="store_true",
                    help="run nothing: write the report from the finished rows, listing the others as not run yet")

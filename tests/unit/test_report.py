@@ -208,6 +208,29 @@ def test_a_finished_row_is_reused_unless_rerun(tmp_path, monkeypatch):
     assert len(calls) == 2
 
 
+def test_report_settings_reach_every_row_are_recorded_and_a_folder_run_with_others_is_refused(tmp_path, monkeypatch):
+    """``medflare report --set data.scale=0.25``: every row's preset reads it, the record keeps it, REPORT.md says it,
+    and a record run with other settings is not reused in silence (its path names no settings)."""
+    from medflare import MedflareError
+
+    scarce = {"data": {"scale": 0.25}}
+    rows = plan(["seg"], "full", seeds=[0], settings=scarce)
+    assert {get_preset(r.preset, r.overrides)["data"]["scale"] for r in rows} == {0.25}
+    assert {get_preset(r.preset, r.overrides)["data"]["scale"] for r in plan(["seg"], "full", seeds=[0])} == {1.0}
+    with pytest.raises(ConfigError, match="sclae"):  # a misspelt key stops the report before anything runs
+        plan(["seg"], "full", seeds=[0], settings={"data": {"sclae": 0.25}})
+    monkeypatch.setattr(runner, "_federated", lambda row, work, log: {"scores": {}, "curve": [], "traffic": {"compute_s": 1.0},
+                                                                       "peak_mb": {}, "epsilon": None})
+    row = runner.Row(METHODS["cls_fedavg"], ("site-1", "site-2"), 2, skew=0.5, settings=scarce)
+    assert runner.run_row(row, tmp_path)["settings"] == scarce
+    assert runner.run_row(row, tmp_path)["settings"] == scarce  # reused: same settings
+    with pytest.raises(MedflareError, match="was run with settings .*scale.*--rerun"):
+        runner.run_row(runner.Row(METHODS["cls_fedavg"], ("site-1", "site-2"), 2, skew=0.5), tmp_path)
+    assert describe_setting({"a": [{**_record("a", 0, 0.8), "settings": scarce}]}).endswith(
+        "presets p, with --set data.scale=0.25 in every row.")
+    assert "--set" not in describe_setting({"a": [_record("a", 0, 0.8)]})  # records from before: no settings
+
+
 def test_the_cpu_model_comes_from_cpuinfo_and_a_report_says_when_its_rows_ran_in_different_environments(tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Test CPU\n")

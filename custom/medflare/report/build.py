@@ -6,9 +6,10 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from medflare import ConfigError
+from medflare.presets import get_preset
 from medflare.report.figures import plot_task
 from medflare.report.methods import BASELINES, METHODS, methods_for
 from medflare.report.runner import Row, record_path, run_row
@@ -25,10 +26,13 @@ SETTINGS = {
 
 def plan(tasks: list[str], mode: str, *, methods: list[str] | None = None, sites: list[str] | None = None,
          seeds: list[int] | None = None, rounds: int | None = None, skews: list[float] | None = None,
-         match: list[str] | None = None) -> list[Row]:
+         match: list[str] | None = None, settings: Mapping[str, Any] | None = None) -> list[Row]:
     """Every row to run, in table order. ``match`` (``--match-compute``, short names such as ``fedvck``): after a
     task's rows, each baseline among them (:data:`~medflare.report.methods.BASELINES`) once more at each named
-    method's optimisation steps per round (the named method's row is planned too when ``methods`` left it out)."""
+    method's optimisation steps per round (the named method's row is planned too when ``methods`` left it out).
+    ``settings`` (``--set``, e.g. ``{"data": {"scale": 0.25}}``: every site with a quarter of its cases) are merged
+    into every row's preset, after the task's shared data block; each row's preset is checked with them here, so a
+    bad key stops the report before anything runs."""
     if mode not in SETTINGS:
         raise ConfigError(f"unknown mode '{mode}' (quick or full)")
     for task in tasks:
@@ -46,10 +50,14 @@ def plan(tasks: list[str], mode: str, *, methods: list[str] | None = None, sites
         baselines = [m for m in chosen if m.name.removeprefix("cls_") in BASELINES]
         for skew in (skews or SETTINGS[mode]["skews"]) if task == "cls" else [None]:
             for seed in seeds or SETTINGS[mode]["seeds"]:
-                rows += [Row(m, tuple(names), (rounds or cfg["rounds"]) * m.rounds_scale.get(mode, 1), mode, seed, skew)
+                rows += [Row(m, tuple(names), (rounds or cfg["rounds"]) * m.rounds_scale.get(mode, 1), mode, seed, skew,
+                             settings=settings)
                          for m in chosen]
-                rows += [Row(b, tuple(names), rounds or cfg["rounds"], mode, seed, skew, match=ref.name)
+                rows += [Row(b, tuple(names), rounds or cfg["rounds"], mode, seed, skew, match=ref.name, settings=settings)
                          for ref in refs[task] for b in baselines]
+    if settings:
+        for row in {(r.preset, json.dumps(r.overrides, sort_keys=True)): r for r in rows}.values():
+            get_preset(row.preset, row.overrides)  # ConfigError naming the preset and the key
     return rows
 
 

@@ -244,7 +244,7 @@ def run_row(row: Row, out: Path, *, rerun: bool = False, log: Callable[[str], No
     """The row's record: read from ``out/records`` when it is there (unless ``rerun``), else measured and written."""
     path = record_path(out, row)
     if path.is_file() and not rerun:
-        return json.loads(path.read_text())
+        return reusable(json.loads(path.read_text()), row, path)
     row = resolve_match(row, out)
     load = os.getloadavg()[0]
     start = time.perf_counter()
@@ -253,11 +253,23 @@ def run_row(row: Row, out: Path, *, rerun: bool = False, log: Callable[[str], No
                   sites=list(row.sites), rounds=row.rounds, mode=row.mode, preset=row.preset,
                   local_epochs=get_preset(row.preset, row.overrides)["train"].get("epochs"),
                   seconds=time.perf_counter() - start, load=[load, os.getloadavg()[0]], device=device_name(),
-                  match=row.match, steps_per_site=row.steps, environment=environment())
+                  match=row.match, steps_per_site=row.steps, settings=dict(row.settings or {}),
+                  environment=environment())
     compute = record["traffic"]["compute_s"] if record.get("traffic") else record["seconds"]  # no federation: all compute
     record.update(compute_s=compute, overhead_s=record["seconds"] - compute)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, default=float))
+    return record
+
+
+def reusable(record: dict[str, Any], row: Row, path: Path) -> dict[str, Any]:
+    """``record`` if it was run with ``row``'s settings (``medflare report --set``), else MedflareError: a record's
+    path names the method, task, skew and seed only, so a folder of rows run on other data (``--set data.scale=0.25``)
+    would otherwise fill this report's tables without a word. Records from before settings were recorded had none."""
+    ran, asked = record.get("settings") or {}, dict(row.settings or {})
+    if ran != asked:
+        raise MedflareError(f"{path} was run with settings {json.dumps(ran)}, this report asks for {json.dumps(asked)}: "
+                            "write to another --out, or pass --rerun to run the row again")
     return record
 
 

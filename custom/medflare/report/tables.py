@@ -194,4 +194,22 @@ def describe_setting(runs: Mapping[str, list[Mapping[str, Any]]]) -> str:
     return (f"Sites {', '.join(first['sites'])}; {common} rounds" + (f" ({', '.join(other)}: the job's own schedule)" if other else "")
             + " (local/centralised: the same number of passes "
             f"over the data); local epochs per round {', '.join(map(str, epochs))}; seeds {', '.join(map(str, seeds))}; "
-            f"{first['mode']} mode; presets {', '.join(presets)}.")
+            f"{first['mode']} mode; presets {', '.join(presets)}" + _settings_note(runs) + ".")
+
+
+def _settings_note(runs: Mapping[str, list[Mapping[str, Any]]]) -> str:
+    """``medflare report --set`` as the rows ran with it (``--set data.scale=0.25``), or "" when none was given."""
+    found = {json.dumps(r.get("settings") or {}, sort_keys=True) for rs in runs.values() for r in rs}
+    notes = [" ".join(f"{k}={json.dumps(v)}" for k, v in _flatten(json.loads(f))) for f in sorted(found) if f != "{}"]
+    if not notes:
+        return ""
+    where = "in every row" if len(found) == 1 else "in some rows (they ran on different settings)"
+    return f", with {' / '.join(f'--set {n}' for n in notes)} {where}"
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """``{"data": {"scale": 0.25}}`` -> ``[("data.scale", 0.25)]``."""
+    out = []
+    for k, v in tree.items():
+        out += _flatten(v, f"{prefix}{k}.") if isinstance(v, Mapping) and v else [(f"{prefix}{k}", v)]
+    return out

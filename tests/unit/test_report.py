@@ -224,6 +224,9 @@ def test_report_settings_reach_every_row_are_recorded_and_a_folder_run_with_othe
     row = runner.Row(METHODS["cls_fedavg"], ("site-1", "site-2"), 2, skew=0.5, settings=scarce)
     assert runner.run_row(row, tmp_path)["settings"] == scarce
     assert runner.run_row(row, tmp_path)["settings"] == scarce  # reused: same settings
+    tupled = runner.Row(METHODS["cls_fedavg"], ("site-1", "site-2"), 2, skew=0.5, settings={"model": {"args": {"channels": (8, 16)}}})
+    saved = {"settings": {"model": {"args": {"channels": [8, 16]}}}}  # a tuple as the record's JSON holds it
+    assert runner.reusable(saved, tupled, tmp_path / "r.json") is saved
     with pytest.raises(MedflareError, match="was run with settings .*scale.*--rerun"):
         runner.run_row(runner.Row(METHODS["cls_fedavg"], ("site-1", "site-2"), 2, skew=0.5), tmp_path)
     assert describe_setting({"a": [{**_record("a", 0, 0.8), "settings": scarce}]}).endswith(

@@ -266,7 +266,8 @@ def reusable(record: dict[str, Any], row: Row, path: Path) -> dict[str, Any]:
     """``record`` if it was run with ``row``'s settings (``medflare report --set``), else MedflareError: a record's
     path names the method, task, skew and seed only, so a folder of rows run on other data (``--set data.scale=0.25``)
     would otherwise fill this report's tables without a word. Records from before settings were recorded had none."""
-    ran, asked = record.get("settings") or {}, dict(row.settings or {})
+    ran = record.get("settings") or {}
+    asked = json.loads(json.dumps(dict(row.settings or {}), default=float))  # as the record holds it (tuples: lists)
     if ran != asked:
         raise MedflareError(f"{path} was run with settings {json.dumps(ran)}, this report asks for {json.dumps(asked)}: "
                             "write to another --out, or pass --rerun to run the row again")

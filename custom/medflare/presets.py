@@ -258,6 +258,20 @@ def overrides_from_assignments(assignments: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def assignments_from_overrides(overrides: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Inverse of :func:`overrides_from_assignments`: ``{"data": {"scale": 0.25}}`` -> ``["data.scale=0.25"]`` (values
+    as JSON), how a command line would say them (e.g. the settings a report's rows ran with)."""
+    import json
+
+    out: list[str] = []
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and value:
+            out += assignments_from_overrides(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}={json.dumps(value)}")
+    return out
+
+
 def _with_defaults(preset: Mapping[str, Any]) -> dict[str, Any]:
     """A deep copy of ``preset`` with the :data:`DEFAULTS` keys it does not set."""
     out = copy.deepcopy(dict(preset))

@@ -16,7 +16,7 @@ from nvflare.app_common.app_constant import AppConstants
 
 from medflare import ConfigError
 from medflare.common.payload import collection
-from medflare.presets import get_preset
+from medflare.presets import assignments_from_overrides, get_preset, overrides_from_assignments
 from medflare.report import runner
 from medflare.report.build import describe_environments, plan, write
 from medflare.report.figures import bytes_axis
@@ -219,11 +219,12 @@ def test_report_settings_reach_every_row_are_recorded_and_a_folder_run_with_othe
     assert {get_preset(r.preset, r.overrides)["data"]["scale"] for r in plan(["seg"], "full", seeds=[0])} == {1.0}
     with pytest.raises(ConfigError, match="sclae"):  # a misspelt key stops the report before anything runs
         plan(["seg"], "full", seeds=[0], settings={"data": {"sclae": 0.25}})
-    monkeypatch.setattr(runner, "_federated", lambda row, work, log: {"scores": {}, "curve": [], "traffic": {"compute_s": 1.0},
-                                                                       "peak_mb": {}, "epsilon": None})
+    runs = []
+    monkeypatch.setattr(runner, "_federated", lambda row, work, log: runs.append(row.key) or {
+        "scores": {}, "curve": [], "traffic": {"compute_s": 1.0}, "peak_mb": {}, "epsilon": None})
     row = runner.Row(METHODS["cls_fedavg"], ("site-1", "site-2"), 2, skew=0.5, settings=scarce)
     assert runner.run_row(row, tmp_path)["settings"] == scarce
-    assert runner.run_row(row, tmp_path)["settings"] == scarce  # reused: same settings
+    assert runner.run_row(row, tmp_path)["settings"] == scarce and len(runs) == 1  # reused: same settings, not rerun
     tupled = runner.Row(METHODS["cls_fedavg"], ("site-1", "site-2"), 2, skew=0.5, settings={"model": {"args": {"channels": (8, 16)}}})
     saved = {"settings": {"model": {"args": {"channels": [8, 16]}}}}  # a tuple as the record's JSON holds it
     assert runner.reusable(saved, tupled, tmp_path / "r.json") is saved
@@ -232,6 +233,9 @@ def test_report_settings_reach_every_row_are_recorded_and_a_folder_run_with_othe
     assert describe_setting({"a": [{**_record("a", 0, 0.8), "settings": scarce}]}).endswith(
         "presets p, with --set data.scale=0.25 in every row.")
     assert "--set" not in describe_setting({"a": [_record("a", 0, 0.8)]})  # records from before: no settings
+    nested = {"data": {"scale": 0.25}, "train": {"lr": 0.01, "loss": "dice"}}
+    assert assignments_from_overrides(nested) == ["data.scale=0.25", "train.lr=0.01", 'train.loss="dice"']
+    assert overrides_from_assignments(assignments_from_overrides(nested)) == nested  # what the note says, --set reads
 
 
 def test_the_cpu_model_comes_from_cpuinfo_and_a_report_says_when_its_rows_ran_in_different_environments(tmp_path):

@@ -203,6 +203,12 @@ class Row:
         return out
 
     @property
+    def recorded_settings(self) -> dict[str, Any]:
+        """``settings`` as a record's JSON holds them (tuples read back as lists): what a record keeps and is compared
+        with when it is reused (:func:`reusable`)."""
+        return json.loads(json.dumps(dict(self.settings or {}), default=float))
+
+    @property
     def key(self) -> str:
         skew = f"_beta{self.skew:g}" if self.skew is not None else ""
         return f"{self.method.task}{skew}/{self.name}_seed{self.seed}"
@@ -253,7 +259,7 @@ def run_row(row: Row, out: Path, *, rerun: bool = False, log: Callable[[str], No
                   sites=list(row.sites), rounds=row.rounds, mode=row.mode, preset=row.preset,
                   local_epochs=get_preset(row.preset, row.overrides)["train"].get("epochs"),
                   seconds=time.perf_counter() - start, load=[load, os.getloadavg()[0]], device=device_name(),
-                  match=row.match, steps_per_site=row.steps, settings=dict(row.settings or {}),
+                  match=row.match, steps_per_site=row.steps, settings=row.recorded_settings,
                   environment=environment())
     compute = record["traffic"]["compute_s"] if record.get("traffic") else record["seconds"]  # no federation: all compute
     record.update(compute_s=compute, overhead_s=record["seconds"] - compute)
@@ -266,8 +272,7 @@ def reusable(record: dict[str, Any], row: Row, path: Path) -> dict[str, Any]:
     """``record`` if it was run with ``row``'s settings (``medflare report --set``), else MedflareError: a record's
     path names the method, task, skew and seed only, so a folder of rows run on other data (``--set data.scale=0.25``)
     would otherwise fill this report's tables without a word. Records from before settings were recorded had none."""
-    ran = record.get("settings") or {}
-    asked = json.loads(json.dumps(dict(row.settings or {}), default=float))  # as the record holds it (tuples: lists)
+    ran, asked = record.get("settings") or {}, row.recorded_settings
     if ran != asked:
         raise MedflareError(f"{path} was run with settings {json.dumps(ran)}, this report asks for {json.dumps(asked)}: "
                             "write to another --out, or pass --rerun to run the row again")

@@ -199,17 +199,11 @@ def describe_setting(runs: Mapping[str, list[Mapping[str, Any]]]) -> str:
 
 def _settings_note(runs: Mapping[str, list[Mapping[str, Any]]]) -> str:
     """``medflare report --set`` as the rows ran with it (``--set data.scale=0.25``), or "" when none was given."""
+    from medflare.presets import assignments_from_overrides
+
     found = {json.dumps(r.get("settings") or {}, sort_keys=True) for rs in runs.values() for r in rs}
-    notes = [" ".join(f"{k}={json.dumps(v)}" for k, v in _flatten(json.loads(f))) for f in sorted(found) if f != "{}"]
+    notes = [" ".join(assignments_from_overrides(json.loads(f))) for f in sorted(found) if f != "{}"]
     if not notes:
         return ""
     where = "in every row" if len(found) == 1 else "in some rows (they ran on different settings)"
     return f", with {' / '.join(f'--set {n}' for n in notes)} {where}"
-
-
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    """``{"data": {"scale": 0.25}}`` -> ``[("data.scale", 0.25)]``."""
-    out = []
-    for k, v in tree.items():
-        out += _flatten(v, f"{prefix}{k}.") if isinstance(v, Mapping) and v else [(f"{prefix}{k}", v)]
-    return out

@@ -123,12 +123,13 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 #: keys every preset has unless it sets them (merged under the preset by :func:`get_preset`)
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "train": {"num_workers": 0, "gpu_batch_size": 0, "amp": "off", **SMALL_SITE_DEFAULTS},
+    "train": {"num_workers": 0, "gpu_batch_size": 0, "amp": "off", "optimizer_state": "kept", **SMALL_SITE_DEFAULTS},
     "eval": {"batch_size": 0, "costly_every": 5},
 }
 
 LOSSES = ("dice", "dicece", "dicefocal", "ce")
 OPTIMIZERS = ("adam", "sgd")
+OPTIMIZER_STATES = ("kept", "fresh")
 AMP_MODES = ("off", "bf16", "fp16")
 
 
@@ -146,6 +147,12 @@ class TrainSettings(Section):
         num_workers: data-loader worker processes (a site's ``compute.workers`` wins). Default 0.
         gpu_batch_size: the batch size when the site trains on a GPU, 0 = ``batch_size``. Default 0.
         amp: "off" | "bf16" | "fp16" mixed-precision training (:func:`medflare.common.training.train_epochs`). Default "off".
+        optimizer_state: "kept" | "fresh": whether a site's optimiser state (Adam's moments, SGD's momentum) carries from
+            one round's local training to the next, as in NVFlare's examples and the FedSM reference, or each round
+            starts a fresh optimiser from the received model (:func:`medflare.common.training.round_optimizer`).
+            Default "kept". "fresh" took FedAvg off the segmentation model's early plateau at the three seeds where it
+            stays there and cost 2.4-3.8 points at three seeds where it does not (benchmarks/RESULTS_report.md,
+            "FedAvg's early plateau"), so no preset sets it.
         min_steps, max_batch_fraction, warn_steps: a round's local work on small sites (issue 31; defaults in
             :data:`SMALL_SITE_DEFAULTS`, chosen from benchmarks/RESULTS_small_sites.md): a round trains at least
             ``min_steps`` optimiser steps AND at least ``epochs`` epochs, the loader cycling until both hold, still
@@ -164,6 +171,7 @@ class TrainSettings(Section):
     num_workers: int = setting(DEFAULTS["train"]["num_workers"], Int(0))
     gpu_batch_size: int = setting(DEFAULTS["train"]["gpu_batch_size"], Int(0))
     amp: str = setting(DEFAULTS["train"]["amp"], OneOf(AMP_MODES))
+    optimizer_state: str = setting(DEFAULTS["train"]["optimizer_state"], OneOf(OPTIMIZER_STATES))
     min_steps: int = setting(SMALL_SITE_DEFAULTS["min_steps"], Int(0))
     max_batch_fraction: float = setting(SMALL_SITE_DEFAULTS["max_batch_fraction"], Number(0.0, 1.0, low_open=True))
     warn_steps: int = setting(SMALL_SITE_DEFAULTS["warn_steps"], Int(0))

@@ -21,7 +21,7 @@ from medflare.common.egress import site_reply
 from medflare.common.payload import check_finite, load_numpy_state, state_to_numpy, weight_diff
 from medflare.common.update_guard import tree_norm
 from medflare.common.site_executor import SiteExecutor, format_metrics
-from medflare.common.training import local_work, make_loss, make_optimizer, train_epochs
+from medflare.common.training import local_work, make_loss, make_optimizer, round_optimizer, train_epochs
 
 
 class SupervisedExecutor(SiteExecutor):
@@ -39,7 +39,8 @@ class SupervisedExecutor(SiteExecutor):
     :class:`~medflare.common.egress.Intake` hands FLARE's FedAvg / Scaffold the shape they read.
 
     FedProx and SCAFFOLD are switched on by the server's task meta (see :mod:`.corrections`).
-    Model, optimiser (its Adam moments included) and SCAFFOLD controls persist across rounds.
+    Model, optimiser (its Adam moments included, unless ``train.optimizer_state`` is "fresh") and SCAFFOLD controls
+    persist across rounds.
 
     Args: see :class:`medflare.common.site_executor.SiteExecutor`; ``train_task`` names the task. Default "train".
     """
@@ -97,6 +98,7 @@ class SupervisedExecutor(SiteExecutor):
             after_step = self.scaffold.begin_round(self.model, controls, train["lr"])
             self.tracker.scalars(fl_ctx, {"scaffold/correction_norm": self.scaffold.correction_norm()}, rnd)
 
+        self.optimizer = round_optimizer(self.optimizer, self.model, train)
         tic = time.perf_counter()
         stats = train_epochs(
             self.model,

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from medflare import ConfigError, MedflareError
 from medflare.data.loaders import make_loader  # noqa: F401 - the data layer's; the executors, benchmarks and tests import it here
-from medflare.presets import AMP_MODES, LOSSES, OPTIMIZERS  # the train section's choices, declared once
+from medflare.presets import AMP_MODES, LOSSES, OPTIMIZER_STATES, OPTIMIZERS  # the train section's choices, declared once
 
 #: mixed-precision modes of :func:`train_epochs` (preset key ``train.amp``, :data:`medflare.presets.AMP_MODES`) -> autocast dtype
 AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -55,6 +55,24 @@ def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float) -
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=5e-4)
     raise ConfigError(f"unknown optimizer '{name}' in train.optimizer (known: {list(OPTIMIZERS)})")
+
+
+def round_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, train: Mapping[str, Any]) -> torch.optim.Optimizer:
+    """The optimiser a round's local training of ``model`` uses (preset key ``train.optimizer_state``): ``optimizer``
+    itself with the state of the site's earlier rounds ("kept", the default), or a fresh one ("fresh").
+
+    Why a choice: a round starts from the received model, not from where the site's last round ended, so kept Adam
+    moments describe another point. On the report's segmentation sites, with kept moments, FedAvg's global model swings
+    between the two contrast polarities every other round and stays on the early plateau at some seeds (class 2 at 0
+    Dice); a fresh optimiser left it at every such seed measured and cost 2.4-3.8 points where kept moments converge
+    (benchmarks/RESULTS_report.md, "FedAvg's early plateau"), so "kept" stays the default.
+    """
+    state = train.get("optimizer_state", "kept")
+    if state not in OPTIMIZER_STATES:
+        raise ConfigError(f"unknown train.optimizer_state '{state}' (known: {list(OPTIMIZER_STATES)})")
+    if state == "kept":
+        return optimizer
+    return make_optimizer(train["optimizer"], model.parameters(), train["lr"])
 
 
 def one_line(exc: BaseException) -> str:

@@ -46,7 +46,7 @@ from medflare.common.payload import (check_finite, flatten, load_numpy_state, nb
                                     unflatten, weight_diff)
 from medflare.common.site_config import setting
 from medflare.common.site_executor import SiteExecutor, format_metrics
-from medflare.common.training import local_work, make_loss, make_optimizer, train_epochs
+from medflare.common.training import local_work, make_loss, make_optimizer, round_optimizer, train_epochs
 from medflare.fedsm import protocol as P
 from medflare.fedsm.density import site_gaussian
 from medflare.fedsm.extra import extra_labels, head_gradient_step, per_case_losses
@@ -232,6 +232,8 @@ class FedSMExecutor(SiteExecutor):
         stats = self._feature_stats(fl_ctx, rnd)  # with the received global model, before it trains
         train = self.cfg["train"]
         sent = {P.GLOBAL: models[P.GLOBAL], P.PERSON: self._own(models, idx)}
+        self.opt_global = round_optimizer(self.opt_global, self.global_model, train)
+        self.opt_person = round_optimizer(self.opt_person, self.person_model, train)
         nets = {P.GLOBAL: (self.global_model, self.opt_global), P.PERSON: (self.person_model, self.opt_person)}
         losses, steps = {}, {}
         for name, (net, opt) in nets.items():

@@ -38,7 +38,7 @@ from medflare.common.egress import site_reply
 from medflare.common.payload import check_finite, flatten, load_numpy_state, payload_bytes, state_to_numpy, unflatten, weight_diff
 from medflare.common.quantize import decode, encoded_bytes
 from medflare.common.site_executor import SiteExecutor, format_metrics
-from medflare.common.training import local_work, make_loader, make_loss, make_optimizer, train_epochs
+from medflare.common.training import local_work, make_loader, make_loss, make_optimizer, round_optimizer, train_epochs
 from medflare.data.util import stable_seed
 from medflare.fedst import protocol as P
 from medflare.fedst.cache import JOIN_KEY, SiteStyleCache
@@ -347,6 +347,7 @@ class SegmentationExecutor(FedSTSiteExecutor):
             dataset = [{"image": img, "label": lbl} for img, lbl in zip(syn["images"], syn["labels"])]
             batches = cycle(lambda epoch: make_loader(dataset, train["batch_size"], True, seed=stable_seed("fedst-syn", self.seed, rnd, epoch)))
             term = CrossDomainTerm(self.loss_fn, batches, lam, self.torch_device)
+        self.optimizer = round_optimizer(self.optimizer, self.model, train)
         tic = time.perf_counter()
         stats = train_epochs(
             self.model, self.loader("train", shuffle=True, round_num=rnd), self.loss_fn, self.optimizer, **local_work(train),

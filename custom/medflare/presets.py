@@ -152,7 +152,8 @@ class TrainSettings(Section):
             starts a fresh optimiser from the received model (:func:`medflare.common.training.round_optimizer`).
             Default "kept". "fresh" took FedAvg off the segmentation model's early plateau at the three seeds where it
             stays there and cost 2.4-3.8 points at three seeds where it does not (benchmarks/RESULTS_report.md,
-            "FedAvg's early plateau"), so no preset sets it.
+            "FedAvg's early plateau"), so no preset sets it. FedSM with "fresh" was 0.74 above its shipped job over
+            eleven seeds (benchmarks/RESULTS_fedsm.md, "A fresh optimiser each round"), not yet its default.
         min_steps, max_batch_fraction, warn_steps: a round's local work on small sites (issue 31; defaults in
             :data:`SMALL_SITE_DEFAULTS`, chosen from benchmarks/RESULTS_small_sites.md): a round trains at least
             ``min_steps`` optimiser steps AND at least ``epochs`` epochs, the loader cycling until both hold, still

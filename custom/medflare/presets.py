@@ -26,6 +26,7 @@ on every device (the paper's optimisation), and their comments give the GPU sett
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any, Mapping, Sequence
 
 from medflare import ConfigError
@@ -246,8 +247,6 @@ def overrides_from_assignments(assignments: Sequence[str]) -> dict[str, Any]:
     objects) and kept as a string otherwise. Later assignments win; ConfigError names a malformed assignment.
     Whether a key exists is checked where the overrides are merged (:func:`get_preset`).
     """
-    import json
-
     out: dict[str, Any] = {}
     for text in assignments:
         key, sep, raw = text.partition("=")
@@ -270,8 +269,6 @@ def overrides_from_assignments(assignments: Sequence[str]) -> dict[str, Any]:
 def assignments_from_overrides(overrides: Mapping[str, Any], prefix: str = "") -> list[str]:
     """Inverse of :func:`overrides_from_assignments`: ``{"data": {"scale": 0.25}}`` -> ``["data.scale=0.25"]`` (values
     as JSON), how a command line would say them (e.g. the settings a report's rows ran with)."""
-    import json
-
     out: list[str] = []
     for key, value in overrides.items():
         if isinstance(value, Mapping) and value:

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from medflare import ConfigError, MedflareError
 from medflare.data.loaders import make_loader  # noqa: F401 - the data layer's; the executors, benchmarks and tests import it here
-from medflare.presets import AMP_MODES, LOSSES, OPTIMIZER_STATES, OPTIMIZERS  # the train section's choices, declared once
+from medflare.presets import AMP_MODES, DEFAULTS, LOSSES, OPTIMIZER_STATES, OPTIMIZERS  # the train section's choices, declared once
 
 #: mixed-precision modes of :func:`train_epochs` (preset key ``train.amp``, :data:`medflare.presets.AMP_MODES`) -> autocast dtype
 AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -67,7 +67,7 @@ def round_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, tr
     Dice); a fresh optimiser left it at every such seed measured and cost 2.4-3.8 points where kept moments converge
     (benchmarks/RESULTS_report.md, "FedAvg's early plateau"), so "kept" stays the default.
     """
-    state = train.get("optimizer_state", "kept")
+    state = train.get("optimizer_state", DEFAULTS["train"]["optimizer_state"])
     if state not in OPTIMIZER_STATES:
         raise ConfigError(f"unknown train.optimizer_state '{state}' (known: {list(OPTIMIZER_STATES)})")
     if state == "kept":

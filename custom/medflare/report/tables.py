@@ -22,6 +22,8 @@ import statistics
 from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
+from medflare.presets import assignments_from_overrides
+
 SEG_KEY, CLS_KEY = "dice", "accuracy"
 
 
@@ -199,8 +201,6 @@ def describe_setting(runs: Mapping[str, list[Mapping[str, Any]]]) -> str:
 
 def _settings_note(runs: Mapping[str, list[Mapping[str, Any]]]) -> str:
     """``medflare report --set`` as the rows ran with it (``--set data.scale=0.25``), or "" when none was given."""
-    from medflare.presets import assignments_from_overrides
-
     found = {json.dumps(r.get("settings") or {}, sort_keys=True) for rs in runs.values() for r in rs}
     notes = [" ".join(assignments_from_overrides(json.loads(f))) for f in sorted(found) if f != "{}"]
     if not notes:

@@ -1,7 +1,8 @@
 """``train.optimizer_state``: a site's optimiser carries its state from one round to the next ("kept", the default)
 or each round starts a fresh one from the received model ("fresh"). Driven through the FedAvg site executor for two
 rounds in this process: Adam's per-parameter step count after round 2 is the sum of both rounds' steps when kept and
-round 2's alone when fresh, so a site that ignored the key fails one of the two cases."""
+round 2's alone when fresh, so a site that ignored the key fails one of the two cases. FedSM's site (two optimisers, the
+global and the personalised model's) is driven the same way through its main-round task."""
 
 from __future__ import annotations
 
@@ -19,8 +20,13 @@ from medflare import ConfigError
 from medflare.baselines.executor import SupervisedExecutor
 from medflare.common.payload import state_to_numpy
 from medflare.common.training import round_optimizer
+from medflare.common.site_executor import SiteExecutor
+from medflare.common.payload import flatten
 from medflare.data import make_seg_site
 from medflare.data.util import DATA_ENV
+from medflare.fedsm import protocol as P
+from medflare.fedsm.executor import FedSMExecutor
+from medflare.fedsm.selector import build_selector, selector_spec
 from medflare.presets import get_preset
 
 PRESET = "seg_images_2d"
@@ -29,14 +35,14 @@ TINY = {"data": {"channels": 1, "num_classes": 3, "labels": "as_is", "image_size
         "train": {"min_steps": 3, "max_steps": 3, "batch_size": 2}}
 
 
-def _site(tmp_path, monkeypatch, state: str) -> SupervisedExecutor:
-    """A started FedAvg site ``site-1`` on a tiny datalist of its own, with ``train.optimizer_state`` = ``state``."""
+def _site(tmp_path, monkeypatch, state: str, cls: type[SiteExecutor] = SupervisedExecutor) -> SiteExecutor:
+    """A started site ``site-1`` (FedAvg's unless ``cls``) on a tiny datalist of its own, ``train.optimizer_state`` = ``state``."""
     root = tmp_path / "ws" / "site-1"
     for folder in ("local", "startup"):
         (root / folder).mkdir(parents=True)
     make_seg_site("site-1", tmp_path / "data", image_size=16, num_classes=3, scale=0.2)
     monkeypatch.setenv(DATA_ENV, str(tmp_path / "data"))
-    ex = SupervisedExecutor(preset=PRESET, device="cpu", overrides={**TINY, "train": {**TINY["train"], "optimizer_state": state}})
+    ex = cls(preset=PRESET, device="cpu", overrides={**TINY, "train": {**TINY["train"], "optimizer_state": state}})
     ctx = FLContext()
     ctx.set_prop(ReservedKey.IDENTITY_NAME, "site-1", private=False, sticky=False)
     ctx.set_prop(FLContextKey.WORKSPACE_OBJECT, Workspace(str(root), "site-1"), private=True, sticky=False)
@@ -70,6 +76,26 @@ def test_a_sites_optimiser_state_is_kept_or_fresh_each_round(tmp_path, monkeypat
     assert (ex.optimizer is first) == (state == "kept")
 
 
+def _fedsm_round(ex: FedSMExecutor, rnd: int) -> None:
+    """One FedSM main round for the lone site ``site-1``: the same global and personalised model each time."""
+    spec = selector_spec(ex.cfg["model"], ["site-1"], global_class=False)
+    net = ex.new_model()
+    params = flatten({P.GLOBAL: state_to_numpy(net), P.PERSON: state_to_numpy(net), P.SELECT: state_to_numpy(build_selector(spec))})
+    meta = {P.SITES: ["site-1"], P.SELECTOR: spec, P.PHASE: P.MAIN}
+    task = FLModelUtils.to_shareable(FLModel(params=params, current_round=rnd, total_rounds=3, meta=meta))
+    reply = ex.execute(P.TASK_TRAIN, task, FLContext(), Signal())
+    assert reply.get_return_code() == ReturnCode.OK
+
+
+@pytest.mark.parametrize("state,steps_after_round_2", [("kept", {6}), ("fresh", {3})])
+def test_fedsm_sites_two_optimisers_follow_the_key(tmp_path, monkeypatch, state, steps_after_round_2):
+    ex = _site(tmp_path, monkeypatch, state, FedSMExecutor)
+    for rnd in (0, 1):
+        _fedsm_round(ex, rnd)
+    assert _adam_steps(ex.opt_global) == steps_after_round_2
+    assert _adam_steps(ex.opt_person) == steps_after_round_2
+
+
 def test_round_optimizer_refuses_an_unknown_state_and_the_preset_names_the_choices():
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.Adam(model.parameters())
@@ -78,3 +104,4 @@ def test_round_optimizer_refuses_an_unknown_state_and_the_preset_names_the_choic
     with pytest.raises(ConfigError, match="optimizer_state"):
         get_preset("seg_synthetic", {"train": {"optimizer_state": "sometimes"}})
     assert get_preset("seg_synthetic")["train"]["optimizer_state"] == "kept"
+    assert get_preset("fedsm_synthetic")["train"]["optimizer_state"] == "fresh"  # session 69's rule, RESULTS_fedsm.md

@@ -72,8 +72,9 @@ class FedSMExecutor(SiteExecutor):
     Site setting (the site's own ``local/medflare_site.json``, never the job's): ``privacy.fedsm_stats_noise``,
     the standard deviation of Gaussian noise on the feature mean and covariance the site sends, in units of
     each feature's standard deviation (0 = none, the default). The draw is fixed for the run (a secret of
-    the site), so averaging rounds does not remove it. The global and personalised models keep their own
-    Adam state across rounds (the reference never resets client optimisers).
+    the site), so averaging rounds does not remove it. The global and personalised models each have their own
+    optimiser; ``train.optimizer_state`` says whether its state (Adam's moments) carries across rounds ("kept", as the
+    reference's clients do) or each round starts afresh ("fresh").
     """
 
     def __init__(self, *args: Any, **kwargs: Any):

@@ -8,7 +8,9 @@ personalised model and the selector (one WEIGHTS DXO, prefixes from :mod:`.proto
 2. computes the Gaussian of the *received* global model's encoder features over its training cases, and
    the distances of its validation cases under it (:func:`medflare.fedsm.density.site_gaussian`), noised by
    its own setting ``privacy.fedsm_stats_noise`` in ``local/medflare_site.json``;
-3. trains the global and personalised models with the segmentation loss on the same batches;
+3. trains the global and personalised models with the segmentation loss on the same batches, each with its own
+   optimiser; FedSM's preset starts both afresh each round (``train.optimizer_state`` "fresh"; the reference keeps
+   their Adam moments, which measured 0.69 Dice lower over nineteen seeds: benchmarks/RESULTS_fedsm.md);
 4. replies with a COLLECTION: the two models' updates as one WEIGHT_DIFF part and the Gaussian as a
    STATISTICS part, so each is seen by the site's privacy scope (PercentilePrivacy acts on the diffs,
    a DXOBlocker can refuse the statistics), and the validation scores as a METRICS part, which the server's

@@ -65,7 +65,9 @@ def round_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, tr
     moments describe another point. On the report's segmentation sites, with kept moments, FedAvg's global model swings
     between the two contrast polarities every other round and stays on the early plateau at some seeds (class 2 at 0
     Dice); a fresh optimiser left it at every such seed measured and cost 2.4-3.8 points where kept moments converge
-    (benchmarks/RESULTS_report.md, "FedAvg's early plateau"), so "kept" stays the default.
+    (benchmarks/RESULTS_report.md, "FedAvg's early plateau"), so "kept" stays the baselines' default. It is the kept
+    second moment that holds the plateau: zeroing only the first moment each round left it there. FedSM's preset sets
+    "fresh" (0.69 Dice better over nineteen seeds, benchmarks/RESULTS_fedsm.md).
     """
     state = train.get("optimizer_state", DEFAULTS["train"]["optimizer_state"])
     if state not in OPTIMIZER_STATES:

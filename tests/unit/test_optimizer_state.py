@@ -2,7 +2,7 @@
 or each round starts a fresh one from the received model ("fresh"). Driven through the FedAvg site executor for two
 rounds in this process: Adam's per-parameter step count after round 2 is the sum of both rounds' steps when kept and
 round 2's alone when fresh, so a site that ignored the key fails one of the two cases. FedSM's site (two optimisers, the
-global and the personalised model's) is driven the same way through its main-round task."""
+global and the personalised model's) and FedST's segmentation site are driven the same way through their own tasks."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ from medflare.data.util import DATA_ENV
 from medflare.fedsm import protocol as P
 from medflare.fedsm.executor import FedSMExecutor
 from medflare.fedsm.selector import build_selector, selector_spec
+from medflare.fedst import protocol as FST
+from medflare.fedst.executor import SegmentationExecutor
 from medflare.presets import get_preset
 
 PRESET = "seg_images_2d"
@@ -35,14 +37,15 @@ TINY = {"data": {"channels": 1, "num_classes": 3, "labels": "as_is", "image_size
         "train": {"min_steps": 3, "max_steps": 3, "batch_size": 2}}
 
 
-def _site(tmp_path, monkeypatch, state: str, cls: type[SiteExecutor] = SupervisedExecutor) -> SiteExecutor:
-    """A started site ``site-1`` (FedAvg's unless ``cls``) on a tiny datalist of its own, ``train.optimizer_state`` = ``state``."""
+def _site(tmp_path, monkeypatch, state: str, cls: type[SiteExecutor] = SupervisedExecutor, **extra: dict) -> SiteExecutor:
+    """A started site ``site-1`` (FedAvg's unless ``cls``) on a tiny datalist of its own, ``train.optimizer_state`` = ``state``
+    (``extra``: more preset sections)."""
     root = tmp_path / "ws" / "site-1"
     for folder in ("local", "startup"):
         (root / folder).mkdir(parents=True)
     make_seg_site("site-1", tmp_path / "data", image_size=16, num_classes=3, scale=0.2)
     monkeypatch.setenv(DATA_ENV, str(tmp_path / "data"))
-    ex = cls(preset=PRESET, device="cpu", overrides={**TINY, "train": {**TINY["train"], "optimizer_state": state}})
+    ex = cls(preset=PRESET, device="cpu", overrides={**TINY, "train": {**TINY["train"], "optimizer_state": state}, **extra})
     ctx = FLContext()
     ctx.set_prop(ReservedKey.IDENTITY_NAME, "site-1", private=False, sticky=False)
     ctx.set_prop(FLContextKey.WORKSPACE_OBJECT, Workspace(str(root), "site-1"), private=True, sticky=False)
@@ -105,3 +108,14 @@ def test_round_optimizer_refuses_an_unknown_state_and_the_preset_names_the_choic
         get_preset("seg_synthetic", {"train": {"optimizer_state": "sometimes"}})
     assert get_preset("seg_synthetic")["train"]["optimizer_state"] == "kept"
     assert get_preset("fedsm_synthetic")["train"]["optimizer_state"] == "fresh"  # session 69's rule, RESULTS_fedsm.md
+
+
+@pytest.mark.parametrize("state,steps_after_round_2", [("kept", {6}), ("fresh", {3})])
+def test_fedst_segmentation_site_follows_the_key(tmp_path, monkeypatch, state, steps_after_round_2):
+    ex = _site(tmp_path, monkeypatch, state, SegmentationExecutor, diffusion=get_preset("fedst_tiny")["diffusion"])
+    start = flatten({FST.SEG: state_to_numpy(ex.new_model())})
+    for rnd in (0, 1):  # lambda 0 (no synthetic images): the rounds before FedST's style exchange
+        task = FLModelUtils.to_shareable(FLModel(params=start, current_round=rnd, total_rounds=3,
+                                                 meta={FST.SITES: ["site-1"], FST.VARIANT: "separate"}))
+        assert ex.execute(FST.TRAIN, task, FLContext(), Signal()).get_return_code() == ReturnCode.OK
+    assert _adam_steps(ex.optimizer) == steps_after_round_2

@@ -305,7 +305,8 @@ class SegmentationExecutor(FedSTSiteExecutor):
 
     Args: those of :class:`FedSTSiteExecutor`; ``train_task`` / ``validate_task`` (defaults "train", "validate").
     The preset's ``train`` section sets epochs, batch size, lr, optimizer and the loss (``dicefocal``: focal + Dice).
-    Model and Adam state persist across rounds at the site.
+    The model persists across rounds at the site, and its optimiser's state (Adam's moments) too unless
+    ``train.optimizer_state`` is "fresh" (:func:`medflare.common.training.round_optimizer`).
     """
 
     def __init__(self, *args, train_task: str = P.TRAIN, validate_task: str = "validate", **kwargs):

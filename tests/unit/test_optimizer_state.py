@@ -18,10 +18,9 @@ from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from medflare import ConfigError
 from medflare.baselines.executor import SupervisedExecutor
-from medflare.common.payload import state_to_numpy
-from medflare.common.training import round_optimizer
+from medflare.common.payload import flatten, state_to_numpy
 from medflare.common.site_executor import SiteExecutor
-from medflare.common.payload import flatten
+from medflare.common.training import round_optimizer
 from medflare.data import make_seg_site
 from medflare.data.util import DATA_ENV
 from medflare.fedsm import protocol as P

@@ -56,9 +56,14 @@ def _site(tmp_path, monkeypatch, state: str, cls: type[SiteExecutor] = Supervise
     return ex
 
 
-def _round(ex: SupervisedExecutor, params: dict, rnd: int) -> None:
-    task = FLModelUtils.to_shareable(FLModel(params=params, current_round=rnd, total_rounds=3))
-    reply = ex.execute("train", task, FLContext(), Signal())
+#: (optimizer_state, Adam's step count after two rounds of 3 steps): both rounds' steps when kept, round 2's when fresh
+KEPT_OR_FRESH = [("kept", {6}), ("fresh", {3})]
+
+
+def _round(ex: SiteExecutor, params: dict, rnd: int, task_name: str = "train", meta: dict | None = None) -> None:
+    """One train task with ``params`` (the same received model every round) for the executor's lone site."""
+    task = FLModelUtils.to_shareable(FLModel(params=params, current_round=rnd, total_rounds=3, meta=meta or {}))
+    reply = ex.execute(task_name, task, FLContext(), Signal())
     assert reply.get_return_code() == ReturnCode.OK
 
 
@@ -66,7 +71,7 @@ def _adam_steps(optimizer: torch.optim.Optimizer) -> set[int]:
     return {int(s["step"]) for s in optimizer.state.values()}
 
 
-@pytest.mark.parametrize("state,steps_after_round_2", [("kept", {6}), ("fresh", {3})])
+@pytest.mark.parametrize("state,steps_after_round_2", KEPT_OR_FRESH)
 def test_a_sites_optimiser_state_is_kept_or_fresh_each_round(tmp_path, monkeypatch, state, steps_after_round_2):
     ex = _site(tmp_path, monkeypatch, state)
     start = state_to_numpy(ex.model)
@@ -78,22 +83,14 @@ def test_a_sites_optimiser_state_is_kept_or_fresh_each_round(tmp_path, monkeypat
     assert (ex.optimizer is first) == (state == "kept")
 
 
-def _fedsm_round(ex: FedSMExecutor, rnd: int) -> None:
-    """One FedSM main round for the lone site ``site-1``: the same global and personalised model each time."""
-    spec = selector_spec(ex.cfg["model"], ["site-1"], global_class=False)
-    net = ex.new_model()
-    params = flatten({P.GLOBAL: state_to_numpy(net), P.PERSON: state_to_numpy(net), P.SELECT: state_to_numpy(build_selector(spec))})
-    meta = {P.SITES: ["site-1"], P.SELECTOR: spec, P.PHASE: P.MAIN}
-    task = FLModelUtils.to_shareable(FLModel(params=params, current_round=rnd, total_rounds=3, meta=meta))
-    reply = ex.execute(P.TASK_TRAIN, task, FLContext(), Signal())
-    assert reply.get_return_code() == ReturnCode.OK
-
-
-@pytest.mark.parametrize("state,steps_after_round_2", [("kept", {6}), ("fresh", {3})])
+@pytest.mark.parametrize("state,steps_after_round_2", KEPT_OR_FRESH)
 def test_fedsm_sites_two_optimisers_follow_the_key(tmp_path, monkeypatch, state, steps_after_round_2):
     ex = _site(tmp_path, monkeypatch, state, FedSMExecutor)
+    spec = selector_spec(ex.cfg["model"], ["site-1"], global_class=False)
+    net = ex.new_model()  # one main-round payload, received twice: global, this site's personalised model, selector
+    params = flatten({P.GLOBAL: state_to_numpy(net), P.PERSON: state_to_numpy(net), P.SELECT: state_to_numpy(build_selector(spec))})
     for rnd in (0, 1):
-        _fedsm_round(ex, rnd)
+        _round(ex, params, rnd, P.TASK_TRAIN, {P.SITES: ["site-1"], P.SELECTOR: spec, P.PHASE: P.MAIN})
     assert _adam_steps(ex.opt_global) == steps_after_round_2
     assert _adam_steps(ex.opt_person) == steps_after_round_2
 
@@ -109,12 +106,10 @@ def test_round_optimizer_refuses_an_unknown_state_and_the_preset_names_the_choic
     assert get_preset("fedsm_synthetic")["train"]["optimizer_state"] == "fresh"  # session 69's rule, RESULTS_fedsm.md
 
 
-@pytest.mark.parametrize("state,steps_after_round_2", [("kept", {6}), ("fresh", {3})])
+@pytest.mark.parametrize("state,steps_after_round_2", KEPT_OR_FRESH)
 def test_fedst_segmentation_site_follows_the_key(tmp_path, monkeypatch, state, steps_after_round_2):
     ex = _site(tmp_path, monkeypatch, state, SegmentationExecutor, diffusion=get_preset("fedst_tiny")["diffusion"])
     start = flatten({FST.SEG: state_to_numpy(ex.new_model())})
     for rnd in (0, 1):  # lambda 0 (no synthetic images): the rounds before FedST's style exchange
-        task = FLModelUtils.to_shareable(FLModel(params=start, current_round=rnd, total_rounds=3,
-                                                 meta={FST.SITES: ["site-1"], FST.VARIANT: "separate"}))
-        assert ex.execute(FST.TRAIN, task, FLContext(), Signal()).get_return_code() == ReturnCode.OK
+        _round(ex, start, rnd, FST.TRAIN, {FST.SITES: ["site-1"], FST.VARIANT: "separate"})
     assert _adam_steps(ex.optimizer) == steps_after_round_2
